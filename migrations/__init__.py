@@ -1,0 +1,1 @@
+"""Alembic migrations of the tuner's own tables (installed as `tuner.migrations`)."""

@@ -1,0 +1,121 @@
+"""What every backend is: a search space, *build* (route -> artifact file) and *run* (artifact -> Runner).
+
+A backend knows nothing of Optuna, the database or the worker. `build` and `load` run inside the
+trial's isolated child process; `space`, `version` and `device` run in the worker and must be cheap.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.space import Route, SearchSpace
+
+Feed = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a backend may know about the study's model when it offers a search space."""
+
+    path: Path
+    input_shapes: Mapping[str, tuple[int, ...]]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BuildContext:
+    """Everything a build may use besides the route."""
+
+    model: ModelInfo
+    work_dir: Path  # shared per study: precision variants, timing caches
+    out_dir: Path  # private to this trial: the artifact goes here
+    calibration: list[Feed]  # the study's validation feeds, for int8 calibration
+    deadline_s: float | None = None  # time.monotonic() value after which a cooperative build stops
+    log: Callable[[str], None] = print
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A built engine: one file whose bytes are hashed and kept, plus what the build reported."""
+
+    path: Path
+    build_s: float
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Runner(abc.ABC):
+    """A loaded artifact that can run inference and time itself."""
+
+    @abc.abstractmethod
+    def infer(self, feed: Feed) -> dict[str, np.ndarray]:
+        """Run one inference and return the outputs as host arrays keyed by output name."""
+
+    def timed(self, feed: Feed) -> Callable[[], float]:
+        """A callable doing one inference on `feed` and returning its latency in seconds.
+
+        The default times `infer` with the host clock; GPU runners override it with device-side
+        timing (CUDA events) and keep transfers outside the timed region.
+        """
+        import time
+
+        def once() -> float:
+            t0 = time.perf_counter()
+            self.infer(feed)
+            return time.perf_counter() - t0
+
+        return once
+
+    def timing_info(self) -> dict[str, Any]:
+        """Facts to store with a latency measurement (clock source, device clocks, ...)."""
+        return {"clock": "host-perf_counter"}
+
+    def close(self) -> None:
+        """Release resources (sessions, device memory)."""
+
+
+class BuildError(Exception):
+    """The backend could not build this route; the message is recorded with the trial."""
+
+    failure_class = "build-error"
+
+
+class RuntimeRefused(Exception):
+    """The engine was built but this machine's runtime cannot run it (e.g. an unsupported GPU)."""
+
+    failure_class = "runtime-unsupported"
+
+
+class Backend(abc.ABC):
+    """A compiler that turns a route into an artifact and runs it."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """The compiler's version string; part of every cache key."""
+
+    @abc.abstractmethod
+    def device(self) -> dict[str, Any]:
+        """The device fingerprint (CPU model or GPU name, driver, runtime versions); part of cache keys."""
+
+    @abc.abstractmethod
+    def space(self, model: ModelInfo) -> SearchSpace:
+        """The routes this backend offers for `model` on this machine."""
+
+    @abc.abstractmethod
+    def build(self, route: Route, ctx: BuildContext) -> Artifact:
+        """Build `route` into an artifact under `ctx.out_dir`; raise BuildError on failure."""
+
+    @abc.abstractmethod
+    def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
+        """Load a built artifact for inference."""
+
+    def reproduce_command(self, route: Route) -> str | None:
+        """A native command that rebuilds `route` outside the tuner, where one exists."""
+        return None

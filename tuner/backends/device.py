@@ -1,0 +1,23 @@
+"""Device fingerprints shared by the backends: what a cached result depends on besides the route."""
+
+from __future__ import annotations
+
+import os
+import platform
+from functools import cache
+from typing import Any
+
+
+@cache
+def cpu_fingerprint() -> dict[str, Any]:
+    """CPU model, logical core count and OS, read once per process."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count() or 1, "os": platform.system(), "machine": platform.machine()}

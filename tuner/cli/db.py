@@ -1,0 +1,32 @@
+"""`tuner db upgrade`: migrate Optuna's schema and ours."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tuner.cli.common import StorageOpt, console, context
+from tuner.errors import TunerError
+from tuner.store.db import check_reachable, upgrade_schema
+from tuner.store.urls import mask_url
+
+app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
+
+
+@app.command("upgrade")
+def upgrade(spec: Annotated[Path | None, typer.Argument(help="A study file naming the storage.")] = None, storage: StorageOpt = None) -> None:
+    """Create or migrate the database: Optuna's tables and the tuner's (tuner_alembic_version)."""
+    if spec is None and not storage:
+        raise TunerError("db upgrade: give a study file or --storage URL")
+    url = storage if spec is None else context(spec, storage).url
+    assert url is not None
+    check_reachable(url)
+    import optuna
+
+    from tuner.study.setup import optuna_storage
+
+    optuna_storage(url).upgrade()
+    before, after = upgrade_schema(url)
+    console.print(f"{mask_url(url)}: optuna schema {optuna.__version__}-compatible; tuner schema {before or 'none'} -> {after}")

@@ -1,0 +1,39 @@
+"""`tuner`: run, inspect and export route-tuning studies."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from sqlalchemy.exc import SQLAlchemyError
+
+from tuner.cli import build, db, results, run
+from tuner.cli.common import err_console
+from tuner.errors import TunerError
+
+app = typer.Typer(help="Find the fastest engine for an ONNX model within an accuracy tolerance.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+app.command("run")(run.run)
+app.command("status")(results.status)
+app.command("best")(results.best)
+app.command("space")(results.space)
+app.command("build")(build.build)
+app.add_typer(db.app, name="db")
+
+
+def main() -> None:
+    """Console entry point: one clear line and exit status 2 for every user-facing error."""
+    try:
+        app()
+    except TunerError as exc:
+        err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except SQLAlchemyError as exc:
+        from tuner.store.urls import scrub
+
+        msg = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        for arg in sys.argv:
+            if "://" in arg:
+                msg = scrub(msg, arg)
+        err_console.print(f"error: database: {msg}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)

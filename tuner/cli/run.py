@@ -1,0 +1,82 @@
+"""`tuner run`: create or resume a study and work on it with a pool of workers until the budget is spent."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.text import Text
+
+from tuner.cli.common import SpecArg, StorageOpt, console, context, err_console, fmt_ms, fmt_x
+from tuner.errors import TunerError
+from tuner.store.urls import mask_url
+from tuner.study.setup import prepare
+from tuner.study.summary import Summary, summarize_study
+from tuner.worker.pool import Pool
+
+
+def run(
+    spec: SpecArg,
+    storage: StorageOpt = None,
+    trials: Annotated[int | None, typer.Option("--trials", min=1, help="The study's TOTAL trial budget (not 'N more').")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="CPU worker processes.")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="Comma-separated GPU ids: one worker per GPU.")] = None,
+) -> None:
+    """Run (or resume) the study until its total trial budget is used up."""
+    ctx = context(spec, storage)
+    budget = trials or ctx.spec.run.budget
+    gpu_list = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else []
+    study = prepare(ctx)
+    study.set_user_attr("budget", budget)
+    pool = Pool(ctx.spec.path, ctx.url, budget, workers or ctx.spec.run.workers, gpu_list)
+    err_console.print(f"study {ctx.spec.study} on {mask_url(ctx.url)}: budget {budget}, "
+                      f"{len(gpu_list) or pool.workers} worker(s)", highlight=False)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    pool.start()
+    interrupted = False
+    try:
+        with Live(_table(summarize_study(study)), console=err_console, refresh_per_second=2, transient=False) as live:
+            while pool.alive():
+                time.sleep(0.5)  # display refresh cadence, not synchronisation
+                live.update(_table(summarize_study(study)))
+            live.update(_table(summarize_study(study)))
+    except KeyboardInterrupt:
+        interrupted = True
+        err_console.print("stopping: the trials in flight are marked interrupted and re-queued ...")
+        pool.stop()
+    finally:
+        codes = pool.wait()
+        signal.signal(signal.SIGTERM, previous)
+    summary = summarize_study(study)
+    _print_result(summary)
+    if interrupted:
+        raise typer.Exit(130)
+    if any(codes):
+        raise TunerError(f"{sum(1 for c in codes if c)} worker(s) exited with an error (statuses {codes})")
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _table(s: Summary) -> Text:
+    done = s.complete + s.pruned + s.failed
+    return Text(
+        f"{s.study}: {done}/{s.budget} done | complete {s.complete} (feasible {s.feasible}) | pruned {s.pruned} | "
+        f"failed {s.failed} | running {s.running} | re-queued {s.requeued} | cache hits {s.cache_hits} | "
+        f"best {fmt_ms(s.best_value)} | default {fmt_ms(s.baseline_value)} | speedup {fmt_x(s.speedup)}"
+    )
+
+
+def _print_result(s: Summary) -> None:
+    if s.best is None:
+        console.print(f"study {s.study}: no feasible route yet")
+        return
+    route = ", ".join(f"{k}={v}" for k, v in s.best.params.items())
+    console.print(f"best feasible: trial {s.best.number}  {fmt_ms(s.best_value)}  ({fmt_x(s.speedup)} vs default "
+                  f"{fmt_ms(s.baseline_value)})\n  route: {route}", highlight=False)
+
+

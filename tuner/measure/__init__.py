@@ -1,0 +1,1 @@
+"""Backend-neutral measurement: validation inputs, reference outputs, accuracy metrics, latency."""

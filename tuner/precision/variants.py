@@ -1,0 +1,163 @@
+"""Make fp16/bf16 (casts with fp32 block lists) and int8/fp8 (Q/DQ, calibrated) ONNX variants."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tuner.measure.inputs import Feed, feeds_hash, file_hash
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "fp8_static")
+
+# Operators kept in fp32 when casting to fp16/bf16: the block list is itself a search parameter.
+BLOCK_LISTS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "norm_softmax": (
+        "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "BatchNormalization",
+        "InstanceNormalization", "GroupNormalization", "Softmax", "LogSoftmax",
+    ),
+    "sensitive": (
+        "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "BatchNormalization",
+        "InstanceNormalization", "GroupNormalization", "Softmax", "LogSoftmax",
+        "ReduceMean", "ReduceSum", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", "Exp", "Log", "Pow", "Sqrt", "Erf",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class VariantOptions:
+    """Which variant to make. Fields irrelevant to the precision are ignored (and normalised away)."""
+
+    precision: str = "fp32"
+    keep_fp32: str = "sensitive"  # fp16/bf16: a key of BLOCK_LISTS
+    per_channel: bool = True  # int8/fp8 static
+    calibration: str = "minmax"  # int8/fp8 static: minmax | percentile | entropy
+
+    def normalised(self) -> VariantOptions:
+        """The same variant with irrelevant fields at fixed values (so equal variants hash equally)."""
+        if self.precision in ("fp16", "bf16"):
+            return VariantOptions(self.precision, self.keep_fp32, True, "minmax")
+        if self.precision in ("int8_static", "fp8_static"):
+            return VariantOptions(self.precision, "none", self.per_channel, self.calibration)
+        if self.precision == "int8_dynamic":
+            return VariantOptions(self.precision, "none", self.per_channel, "minmax")
+        return VariantOptions("fp32", "none", True, "minmax")
+
+
+def make_variant(model: Path, options: VariantOptions, feeds: list[Feed], cache_dir: Path) -> Path:
+    """The path of `model` converted per `options`, made under `cache_dir` unless already there."""
+    opts = options.normalised()
+    if opts.precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {opts.precision!r}; expected one of {PRECISIONS}")
+    if opts.precision == "fp32":
+        return model
+    key = hashlib.sha256(
+        json.dumps({"model": file_hash(model), "options": asdict(opts), "feeds": feeds_hash(feeds) if "static" in opts.precision else ""}, sort_keys=True).encode()
+    ).hexdigest()[:24]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    out = cache_dir / f"{model.stem}.{opts.precision}.{key}.onnx"
+    if out.exists():
+        return out
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".onnx", dir=cache_dir)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        _CONVERTERS[opts.precision](model, tmp, opts, feeds)
+        tmp.replace(out)  # atomic: concurrent workers may both convert; either result is identical
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def _cast(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    m = onnx.load(str(model))
+    block = list(BLOCK_LISTS[opts.keep_fp32])
+    converted = convert_float_to_float16(m, keep_io_types=True, op_block_list=block or None, disable_shape_infer=False)
+    if opts.precision == "bf16":
+        converted = _fp16_to_bf16(converted)
+    onnx.save(converted, str(out))
+
+
+def _fp16_to_bf16(model: object) -> object:
+    """Rewrite an fp16-cast graph to bf16: Cast targets, fp16 initializers and value infos."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph  # type: ignore[attr-defined]
+    for node in graph.node:
+        if node.op_type == "Cast":
+            for attr in node.attribute:
+                if attr.name == "to" and attr.i == onnx.TensorProto.FLOAT16:
+                    attr.i = onnx.TensorProto.BFLOAT16
+    for i, init in enumerate(graph.initializer):
+        if init.data_type == onnx.TensorProto.FLOAT16:
+            values = numpy_helper.to_array(init).astype(np.float32)
+            bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
+            t = onnx.helper.make_tensor(init.name, onnx.TensorProto.BFLOAT16, values.shape, bf16.tobytes(), raw=True)
+            graph.initializer[i].CopyFrom(t)
+    for vi in list(graph.value_info) + list(graph.output) + list(graph.input):
+        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.BFLOAT16
+    return model
+
+
+def _dynamic(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(model), str(out), weight_type=QuantType.QInt8, per_channel=opts.per_channel,
+                     extra_options={"DefaultTensorType": _float_type()})
+
+
+def _static(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it: Iterator[Feed] = iter(feeds)
+
+        def get_next(self) -> Feed | None:
+            return next(self._it, None)
+
+        def rewind(self) -> None:
+            self._it = iter(feeds)
+
+    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[opts.calibration]
+    fp8 = opts.precision == "fp8_static"
+    qtype = QuantType.QFLOAT8E4M3FN if fp8 else QuantType.QInt8
+    with tempfile.TemporaryDirectory() as tmp:
+        prep = Path(tmp) / "prep.onnx"
+        try:
+            quant_pre_process(str(model), str(prep), skip_symbolic_shape=True)
+        except Exception:  # pre-processing is an optimisation; quantize the original if it fails
+            prep = model
+        quantize_static(
+            str(prep), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=opts.per_channel and not fp8,
+            activation_type=qtype, weight_type=qtype, calibrate_method=method,
+            extra_options={"DefaultTensorType": _float_type(), "ActivationSymmetric": fp8, "WeightSymmetric": True},
+        )
+
+
+def _float_type() -> int:
+    import onnx
+
+    return onnx.TensorProto.FLOAT
+
+
+_CONVERTERS = {
+    "fp16": _cast,
+    "bf16": _cast,
+    "int8_dynamic": _dynamic,
+    "int8_static": _static,
+    "fp8_static": _static,
+}

@@ -1,0 +1,259 @@
+"""Read and fully validate a study file before anything touches a database.
+
+Every error is a `SpecError` naming the file, the field and what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import SpecError, TunerError
+from tuner.spec.model import AccuracySpec, BackendSpec, DataSpec, ModelSpec, ObjectiveSpec, RunSpec, Spec
+
+STORAGE_ENV = "TUNER_STORAGE"
+SAMPLERS = ("tpe", "random", "gp")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+_SECTIONS: dict[str, set[str]] = {
+    "study": {"name", "storage", "work_dir"},
+    "model": {"path", "inputs"},
+    "data": {"file", "seed", "samples", "gate_samples", "low", "high"},
+    "accuracy": {"metric", "tolerance", "atol", "rtol"},
+    "objective": {"statistic", "warmup_s", "min_repeats", "min_duration_s"},
+    "backend": {"name", "space", "options"},
+    "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials"},
+}
+
+
+class _Reader:
+    """Typed access to the TOML tables with errors that name file and field."""
+
+    def __init__(self, path: Path, doc: dict[str, Any]) -> None:
+        self.path = path
+        self.doc = doc
+
+    def fail(self, field: str, expected: str) -> SpecError:
+        return SpecError(self.path, field, expected)
+
+    def table(self, name: str, required: bool = True) -> dict[str, Any]:
+        value = self.doc.get(name)
+        if value is None:
+            if required:
+                raise self.fail(f"[{name}]", "missing section")
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(name, "expected a table")
+        unknown = sorted(set(value) - _SECTIONS[name])
+        if unknown:
+            raise self.fail(f"{name}.{unknown[0]}", f"unknown field; expected one of {', '.join(sorted(_SECTIONS[name]))}")
+        return value
+
+    def get(self, table: dict[str, Any], section: str, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        field = f"{section}.{key}"
+        if key not in table:
+            if default is ...:
+                raise self.fail(field, "missing (required)")
+            return default
+        value = table[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            raise self.fail(field, f"expected {_kind_name(kinds)}, got a boolean")
+        if not isinstance(value, kinds):
+            raise self.fail(field, f"expected {_kind_name(kinds)}, got {type(value).__name__} {value!r}")
+        return value
+
+    def number(self, table: dict[str, Any], section: str, key: str, default: Any = ..., minimum: float = 0.0, strict: bool = False) -> float:
+        value = float(self.get(table, section, key, (int, float), default))
+        if value < minimum or (strict and value == minimum):
+            raise self.fail(f"{section}.{key}", f"expected a number {'>' if strict else '>='} {minimum:g}, got {value:g}")
+        return value
+
+    def count(self, table: dict[str, Any], section: str, key: str, default: Any = ..., minimum: int = 1) -> int:
+        value = self.get(table, section, key, int, default)
+        if value < minimum:
+            raise self.fail(f"{section}.{key}", f"expected an integer >= {minimum}, got {value}")
+        return value
+
+
+def _kind_name(kinds: tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a table"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def load_spec(path: str | os.PathLike[str]) -> Spec:
+    """Parse and validate the study file at `path` (model and inputs included)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(p, "(file)", "study file not found")
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(p, "(syntax)", f"not valid TOML: {exc}") from exc
+    r = _Reader(p, doc)
+    unknown = sorted(set(doc) - set(_SECTIONS))
+    if unknown:
+        raise r.fail(f"[{unknown[0]}]", f"unknown section; expected {', '.join(_SECTIONS)}")
+    base = p.parent.resolve()
+
+    study = r.table("study")
+    name = r.get(study, "study", "name", str)
+    if not _NAME.match(name):
+        raise r.fail("study.name", "expected letters, digits, '.', '_' or '-' (at most 100 characters)")
+    storage = r.get(study, "study", "storage", str, "")
+    work_dir = base / r.get(study, "study", "work_dir", str, f".tuner/{name}")
+
+    model = _model(r, base)
+    data = _data(r, base, model)
+    accuracy = _accuracy(r)
+    objective = _objective(r)
+    backend = _backend(r)
+    run = _run(r)
+    if data.gate_samples > data.samples:
+        raise r.fail("data.gate_samples", f"expected at most data.samples ({data.samples}), got {data.gate_samples}")
+    spec = Spec(p.resolve(), name, storage, work_dir, model, data, accuracy, objective, backend, run, raw=doc)
+    _check_space(r, spec)
+    return spec
+
+
+def _model(r: _Reader, base: Path) -> ModelSpec:
+    from tuner.spec.onnx_check import read_inputs
+
+    t = r.table("model")
+    path = base / r.get(t, "model", "path", str)
+    graph_inputs = read_inputs(r, path)
+    declared = r.get(t, "model", "inputs", dict, {})
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, (dtype, dims) in graph_inputs.items():
+        entry = declared.get(name)
+        field = f"model.inputs.{name}"
+        if entry is None:
+            if any(d is None for d in dims):
+                raise r.fail(field, f"the model's input has dynamic dimensions {_dims(dims)}; give its shape, e.g. {{ shape = [1, ...] }}")
+            shapes[name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
+            continue
+        if not isinstance(entry, dict) or set(entry) - {"shape"} or "shape" not in entry:
+            raise r.fail(field, "expected a table { shape = [ ... ] }")
+        shape = entry["shape"]
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise r.fail(f"{field}.shape", "expected a list of positive integers")
+        if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
+            raise r.fail(f"{field}.shape", f"{shape} does not match the model's input {_dims(dims)}")
+        shapes[name] = tuple(shape)
+    extra = sorted(set(declared) - set(graph_inputs))
+    if extra:
+        raise r.fail(f"model.inputs.{extra[0]}", f"the model has no such input; its inputs are {', '.join(graph_inputs)}")
+    return ModelSpec(path, shapes, {n: dt for n, (dt, _) in graph_inputs.items()})
+
+
+def _dims(dims: list[int | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _data(r: _Reader, base: Path, model: ModelSpec) -> DataSpec:
+    t = r.table("data", required=False)
+    file = r.get(t, "data", "file", str, None)
+    path = base / file if file else None
+    samples = r.count(t, "data", "samples", 8)
+    gate = r.count(t, "data", "gate_samples", min(2, samples))
+    low = r.get(t, "data", "low", (int, float), -1.0)
+    high = r.get(t, "data", "high", (int, float), 1.0)
+    if high <= low:
+        raise r.fail("data.high", f"expected a value above data.low ({low})")
+    spec = DataSpec(path, r.get(t, "data", "seed", int, 0), samples, gate, float(low), float(high))
+    if path is not None:
+        from tuner.measure.inputs import check_data_file
+
+        try:
+            check_data_file(path, model, samples)
+        except TunerError as exc:
+            raise r.fail("data.file", str(exc)) from exc
+    return spec
+
+
+def _accuracy(r: _Reader) -> AccuracySpec:
+    from tuner.measure.accuracy import METRICS
+
+    t = r.table("accuracy")
+    metric = r.get(t, "accuracy", "metric", str)
+    if metric not in METRICS:
+        raise r.fail("accuracy.metric", f"expected one of {', '.join(METRICS)}, got {metric!r}")
+    return AccuracySpec(
+        metric,
+        r.number(t, "accuracy", "tolerance"),
+        r.number(t, "accuracy", "atol", 1e-3),
+        r.number(t, "accuracy", "rtol", 1e-3),
+    )
+
+
+def _objective(r: _Reader) -> ObjectiveSpec:
+    from tuner.measure.timing import STATISTICS
+
+    t = r.table("objective", required=False)
+    statistic = r.get(t, "objective", "statistic", str, "median")
+    if statistic not in STATISTICS:
+        raise r.fail("objective.statistic", f"expected one of {', '.join(STATISTICS)}, got {statistic!r}")
+    return ObjectiveSpec(
+        statistic,
+        r.number(t, "objective", "warmup_s", 0.2),
+        r.count(t, "objective", "min_repeats", 20),
+        r.number(t, "objective", "min_duration_s", 1.0),
+    )
+
+
+def _backend(r: _Reader) -> BackendSpec:
+    t = r.table("backend")
+    name = r.get(t, "backend", "name", str)
+    space = r.get(t, "backend", "space", dict, {})
+    for key, values in space.items():
+        if not isinstance(values, list):
+            raise r.fail(f"backend.space.{key}", "expected a list of allowed values")
+    return BackendSpec(name, dict(space), dict(r.get(t, "backend", "options", dict, {})))
+
+
+def _run(r: _Reader) -> RunSpec:
+    t = r.table("run")
+    sampler = r.get(t, "run", "sampler", str, "tpe")
+    if sampler not in SAMPLERS:
+        raise r.fail("run.sampler", f"expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    return RunSpec(
+        budget=r.count(t, "run", "budget"),
+        workers=r.count(t, "run", "workers", 1),
+        trial_timeout_s=r.number(t, "run", "trial_timeout_s", 600.0, strict=True),
+        heartbeat_s=r.number(t, "run", "heartbeat_s", 5.0, strict=True),
+        grace_s=r.number(t, "run", "grace_s", 60.0, strict=True),
+        sampler=sampler,
+        seed=r.get(t, "run", "seed", int, 0),
+        startup_trials=r.count(t, "run", "startup_trials", 8, minimum=0),
+    )
+
+
+def _check_space(r: _Reader, spec: Spec) -> None:
+    """The backend exists and the study's restrictions name real knobs and values."""
+    from tuner.backends import get_backend
+    from tuner.backends.base import ModelInfo
+
+    try:
+        backend = get_backend(spec.backend.name)
+    except TunerError as exc:
+        raise r.fail("backend.name", str(exc)) from exc
+    space = backend.space(ModelInfo(spec.model.path, spec.model.inputs, spec.backend.options))
+    try:
+        space.restrict(spec.backend.space)
+    except KeyError as exc:
+        raise r.fail(f"backend.space.{exc.args[0].split(',')[0]}", f"unknown parameter; expected one of {', '.join(space.names())}") from exc
+    except ValueError as exc:
+        name, _, msg = str(exc).partition(": ")
+        raise r.fail(f"backend.space.{name}", msg) from exc
+
+
+def resolve_storage(spec: Spec, override: str | None = None) -> str:
+    """The storage URL: --storage, then $TUNER_STORAGE, then the study file, then SQLite in work_dir."""
+    url = override or os.environ.get(STORAGE_ENV) or spec.storage
+    if url:
+        return url
+    spec.work_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{spec.work_dir / 'study.db'}"

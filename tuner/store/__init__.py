@@ -1,0 +1,1 @@
+"""Our tables beside Optuna's: build cache, measurements, environments, artifacts, leases, studies."""

@@ -1,0 +1,34 @@
+"""Storage URLs: masking passwords everywhere they could be printed, logged or stored."""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def password_of(url: str) -> str | None:
+    """The URL's password, if any (used to scrub it from error messages)."""
+    try:
+        return make_url(url).password
+    except (ArgumentError, ValueError):
+        m = re.search(r"://[^:/@]*:([^@]*)@", url)
+        return m.group(1) if m else None
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` with the URL's password and the raw URL removed."""
+    secret = password_of(url)
+    out = text.replace(url, mask_url(url))
+    if secret:
+        out = out.replace(str(secret), "***")
+    return out

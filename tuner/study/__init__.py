@@ -1,0 +1,1 @@
+"""Optuna wiring: study set-up and resume checks, sampler, budget, outcomes, leases and reaping."""

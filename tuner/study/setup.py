@@ -1,0 +1,141 @@
+"""Create or resume a study: storage set-up, resume checks, baseline, validation data and reference.
+
+`prepare` runs once per `tuner run` before any worker starts; `Context` is what a worker (or a
+read-only command) needs to work on the study.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import optuna
+from sqlalchemy.orm import Session
+
+from tuner import __version__
+from tuner.backends import get_backend
+from tuner.backends.base import Backend, ModelInfo
+from tuner.errors import ResumeError, TunerError
+from tuner.measure.inputs import feeds_hash, file_hash, load_feeds, save_feeds
+from tuner.measure.reference import cached_reference
+from tuner.spec import Spec
+from tuner.space import SearchSpace
+from tuner.store.db import check_reachable, engine_kwargs, ensure_schema, get_engine, study_lock
+from tuner.store.models import StudyRecord
+from tuner.store.urls import mask_url, scrub
+from tuner.study.fingerprint import differences, study_fingerprint
+
+METRIC_NAMES = ["latency_ms"]
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def optuna_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage on `url` with our engine options (pre-ping, recycling, lock waits)."""
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    except Exception as exc:  # Optuna wraps schema and connection problems in several types
+        raise TunerError(f"storage {mask_url(url)}: {scrub(str(exc), url).strip().splitlines()[0]}") from exc
+
+
+@dataclass
+class Context:
+    """A study file bound to a storage URL, with its backend and space (cheap to build)."""
+
+    spec: Spec
+    url: str
+
+    @cached_property
+    def backend(self) -> Backend:
+        return get_backend(self.spec.backend.name)
+
+    @cached_property
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(self.spec.model.path, self.spec.model.inputs, self.spec.backend.options)
+
+    @cached_property
+    def space(self) -> SearchSpace:
+        return self.backend.space(self.model_info).restrict(self.spec.backend.space)
+
+    @cached_property
+    def model_sha(self) -> str:
+        return file_hash(self.spec.model.path)
+
+    @cached_property
+    def feeds(self) -> list[dict[str, Any]]:
+        return load_feeds(self.spec)
+
+    @cached_property
+    def data_sha(self) -> str:
+        return feeds_hash(self.feeds)
+
+    @property
+    def work_dir(self) -> Path:
+        return self.spec.work_dir
+
+    @cached_property
+    def feeds_path(self) -> Path:
+        """The validation feeds as a file for the trial child processes."""
+        path = self.work_dir / "data" / f"feeds-{self.data_sha[:24]}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            save_feeds(path, self.feeds)
+        return path
+
+    @cached_property
+    def reference_path(self) -> Path:
+        """fp32 reference outputs, cached by (model, feeds)."""
+        return cached_reference(self.work_dir / "data", f"{self.model_sha[:16]}{self.data_sha[:16]}", self.spec.model.path, self.feeds)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return study_fingerprint(self.spec, self.space, self.data_sha)
+
+    def load(self, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+        """Load the existing study (TunerError if it does not exist)."""
+        try:
+            return optuna.load_study(study_name=self.spec.study, storage=optuna_storage(self.url), sampler=sampler)
+        except KeyError as exc:
+            raise TunerError(f"study {self.spec.study!r} does not exist in {mask_url(self.url)}; start it with `tuner run`") from exc
+
+
+def prepare(ctx: Context) -> optuna.Study:
+    """Set up storage, create or check the study, enqueue the baseline once, and cache the reference.
+
+    Nothing is written to the database before the storage answers and the study file is known to be
+    compatible with an existing study of the same name.
+    """
+    check_reachable(ctx.url)
+    storage = optuna_storage(ctx.url)
+    ensure_schema(ctx.url)
+    fingerprint = ctx.fingerprint()
+    ctx.reference_path  # noqa: B018 - compute once, before the workers need it
+    ctx.feeds_path  # noqa: B018
+    with study_lock(ctx.url, ctx.spec.study):
+        with Session(get_engine(ctx.url)) as s, s.begin():
+            record = s.get(StudyRecord, ctx.spec.study)
+            if record is not None:
+                diff = differences(record.fingerprint, fingerprint)
+                if diff:
+                    raise ResumeError(
+                        f"study {ctx.spec.study!r} in {mask_url(ctx.url)} was created from an incompatible study file: "
+                        f"{'; '.join(diff)}. To start a new study instead, change [study] name in {ctx.spec.path.name}"
+                    )
+            else:
+                s.add(StudyRecord(name=ctx.spec.study, fingerprint=fingerprint, spec_text=ctx.spec.path.read_text(), created_at=time.time()))
+        study = optuna.create_study(study_name=ctx.spec.study, storage=storage, direction="minimize", load_if_exists=True)
+        if not study.user_attrs.get("tuner_version"):
+            study.set_metric_names(METRIC_NAMES)
+            study.set_user_attr("tuner_version", __version__)
+            study.set_user_attr("backend", ctx.spec.backend.name)
+            study.set_user_attr("backend_version", ctx.backend.version())
+            study.set_user_attr("default_route", ctx.space.default_route())
+            study.set_user_attr("budget", ctx.spec.run.budget)
+            extra = getattr(ctx.backend, "study_attrs", None)
+            for key, value in (extra(ctx.model_info) if extra else {}).items():
+                study.set_user_attr(key, value)
+        study.enqueue_trial(ctx.space.default_route(), user_attrs={"source": "baseline"}, skip_if_exists=True)
+    return study

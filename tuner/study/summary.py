@@ -1,0 +1,95 @@
+"""What a study has found so far: counts, the best feasible trial, the baseline, the speedup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.study.outcome import FAILURES, UNCOUNTED, is_feasible
+from tuner.worker import job as J
+
+
+@dataclass
+class Summary:
+    """Counts and headline results of one study."""
+
+    study: str
+    budget: int | None
+    complete: int
+    pruned: int
+    failed: int
+    running: int
+    waiting: int
+    feasible: int
+    infeasible: int
+    requeued: int
+    cache_hits: int
+    best: FrozenTrial | None
+    baseline: FrozenTrial | None
+    elapsed_s: float
+    failure_classes: dict[str, int]
+
+    @property
+    def best_value(self) -> float | None:
+        return self.best.value if self.best else None
+
+    @property
+    def baseline_value(self) -> float | None:
+        return self.baseline.value if self.baseline and is_feasible(self.baseline) else None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_value and self.baseline_value:
+            return self.baseline_value / self.best_value
+        return None
+
+    def status_json(self) -> dict:
+        """The stable `tuner status --json` document (extra keys are additions, never renames)."""
+        return {
+            "study": self.study, "budget": self.budget, "complete": self.complete, "pruned": self.pruned,
+            "failed": self.failed, "running": self.running, "waiting": self.waiting, "feasible": self.feasible,
+            "best_value": self.best_value, "baseline_value": self.baseline_value,
+            "infeasible": self.infeasible, "requeued": self.requeued, "cache_hits": self.cache_hits,
+            "speedup": self.speedup, "best_trial": self.best.number if self.best else None,
+            "elapsed_s": round(self.elapsed_s, 3), "failure_classes": self.failure_classes,
+        }
+
+
+def failure_class(t: FrozenTrial) -> str:
+    """A finished trial's failure class ('' for success)."""
+    return str(t.user_attrs.get("failure_class", ""))
+
+
+def summarize_study(study: optuna.Study) -> Summary:
+    """Summarise every trial of `study` (a fresh read)."""
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    feasible = [t for t in complete if is_feasible(t)]
+    classes: dict[str, int] = {}
+    for t in trials:
+        c = failure_class(t)
+        if t.state.is_finished() and c:
+            classes[c] = classes.get(c, 0) + 1
+    failed = sum(1 for t in trials if t.state.is_finished() and failure_class(t) in FAILURES)
+    gate = sum(1 for t in trials if t.state == TrialState.PRUNED and failure_class(t) == J.GATE_FAILED)
+    baselines = [t for t in trials if t.user_attrs.get("source") == "baseline" and t.state == TrialState.COMPLETE]
+    starts = [t.datetime_start for t in trials if t.datetime_start]
+    ends = [t.datetime_complete for t in trials if t.datetime_complete]
+    running = any(t.state == TrialState.RUNNING for t in trials)
+    elapsed = 0.0
+    if starts:
+        end = datetime.now() if running or not ends else max(ends)
+        elapsed = (end - min(starts)).total_seconds()
+    return Summary(
+        study=study.study_name, budget=study.user_attrs.get("budget"), complete=len(complete), pruned=gate,
+        failed=failed, running=sum(1 for t in trials if t.state == TrialState.RUNNING),
+        waiting=sum(1 for t in trials if t.state == TrialState.WAITING), feasible=len(feasible),
+        infeasible=len(complete) - len(feasible) + gate,
+        requeued=sum(1 for t in trials if t.state == TrialState.FAIL and failure_class(t) in UNCOUNTED),
+        cache_hits=sum(1 for t in trials if t.user_attrs.get("cache_hit")),
+        best=min(feasible, key=lambda t: (t.value, t.number)) if feasible else None,
+        baseline=baselines[0] if baselines else None, elapsed_s=elapsed, failure_classes=classes,
+    )

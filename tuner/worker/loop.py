@@ -1,0 +1,311 @@
+"""One worker: reap lost trials, reserve a budget slot and ask, evaluate in a child, tell; repeat.
+
+The worker survives database faults (retried with backoff), child crashes (recorded with a failure
+class) and stops cleanly on SIGTERM/SIGINT: the trial in flight is marked FAIL/interrupted and its
+route re-queued, so nothing is left RUNNING and nothing half-done is trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+from sqlalchemy.exc import DBAPIError, OperationalError
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from tuner.store.cache import ResultStore, cache_key
+from tuner.store.db import study_lock
+from tuner.store.leases import Leases, Owner
+from tuner.study import outcome
+from tuner.study.budget import count_trials
+from tuner.study.sampler import make_sampler
+from tuner.study.setup import Context
+from tuner.worker import job as J
+from tuner.worker.isolate import ChildHandle, run_isolated
+
+log = logging.getLogger("tuner.worker")
+
+
+def _is_db_fault(exc: BaseException) -> bool:
+    if isinstance(exc, OperationalError | DBAPIError):
+        return True
+    return isinstance(exc, optuna.exceptions.StorageInternalError) or "server closed the connection" in str(exc)
+
+
+def db_retry(max_wait_s: float = 300.0) -> Retrying:
+    """Retry a database operation with exponential backoff while the database is away."""
+    return Retrying(
+        retry=retry_if_exception(_is_db_fault), wait=wait_exponential(multiplier=0.5, max=10),
+        stop=stop_after_delay(max_wait_s), reraise=True,
+        before_sleep=lambda rs: log.warning("database unavailable (%s); retrying", type(rs.outcome.exception()).__name__),
+    )
+
+
+@dataclass
+class Stop:
+    """Set by a signal handler: finish up and exit."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    child: ChildHandle = field(default_factory=ChildHandle)
+
+    def install(self) -> None:
+        """Convert SIGTERM and SIGINT into a clean stop that kills the running child."""
+        def handler(signum: int, frame: Any) -> None:
+            self.event.set()
+            self.child.kill()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+class Worker:
+    """The ask/evaluate/tell loop of one worker process."""
+
+    def __init__(self, ctx: Context, budget: int, index: int = 0, stop: Stop | None = None, child_env: dict[str, str] | None = None) -> None:
+        self.ctx = ctx
+        self.spec = ctx.spec
+        self.budget = budget
+        self.index = index
+        self.stop = stop or Stop()
+        self.child_env = child_env or {}
+        self.name = f"w{index}-{os.getpid()}"
+        self.owner = Owner(self.name)
+        self.study = ctx.load(make_sampler(self.spec.run, index))
+        self.study_id = self.study._study_id
+        self.leases = Leases(ctx.url, self.spec.study)
+        self.results = ResultStore(ctx.url)
+        self.env_id = self.results.record_environment(self._environment())
+
+    def _environment(self) -> dict[str, Any]:
+        b = self.ctx.backend
+        return {"backend": b.name, "version": b.version(), "device": b.device()}
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Work until the budget is used up (and no other worker's trial may still be re-queued)."""
+        done = 0
+        while not self.stop.event.is_set():
+            for attempt in db_retry():
+                with attempt:
+                    self.reap()
+                    trial, others_running = self.reserve()
+            if trial is None:
+                if others_running == 0:
+                    break
+                self.stop.event.wait(self.spec.run.heartbeat_s)  # others' trials may still be lost and re-queued
+                continue
+            self.evaluate_and_tell(trial)
+            done += 1
+        return done
+
+    def reserve(self) -> tuple[optuna.Trial | None, int]:
+        """Under the study lock: count, and ask only if budget remains. Returns (trial, running)."""
+        with study_lock(self.ctx.url, self.spec.study):
+            counts = count_trials(self.ctx.url, self.study_id)
+            if counts.counted >= self.budget:
+                return None, counts.running
+            trial = self.study.ask()
+            self.leases.take(trial._trial_id, self.owner)
+            return trial, counts.running
+
+    def reap(self) -> list[int]:
+        """Fail and re-queue RUNNING trials whose owner is gone. Returns the reaped trial numbers."""
+        storage = self.study._storage
+        running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        started = {t._trial_id: t.datetime_start.timestamp() if t.datetime_start else time.time() for t in running}
+        lost = self.leases.expired([t._trial_id for t in running], started, self.spec.run.grace_s)
+        reaped = []
+        if not lost:
+            return reaped
+        with study_lock(self.ctx.url, self.spec.study):
+            for trial_id in lost:
+                frozen = storage.get_trial(trial_id)
+                if frozen.state != TrialState.RUNNING or not self.leases.claim_reap(trial_id):
+                    continue
+                storage.set_trial_user_attr(trial_id, "failure_class", J.LOST)
+                storage.set_trial_user_attr(trial_id, "message", "its worker stopped heart-beating; re-queued")
+                storage.set_trial_state_values(trial_id, TrialState.FAIL)
+                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"))
+                reaped.append(frozen.number)
+                log.warning("trial %d lost its worker; re-queued", frozen.number)
+        return reaped
+
+    def _requeue(self, params: dict[str, Any], number: int, source: str | None) -> None:
+        attrs = {"retry_of": number}
+        if source:
+            attrs["source"] = source
+        self.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)
+
+    # -- one trial ----------------------------------------------------------------------------
+
+    def evaluate_and_tell(self, trial: optuna.Trial) -> None:
+        """Suggest the route, evaluate it (cache or child), record the outcome, release the lease."""
+        route = self.ctx.space.suggest(trial)
+        beating = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(trial._trial_id, beating), daemon=True)
+        beat.start()
+        try:
+            result, extra = self.evaluate(trial.number, route)
+        finally:
+            beating.set()
+            beat.join()
+        if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT):
+            result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
+        for attempt in db_retry():
+            with attempt:
+                self._tell(trial, result, extra)
+        self.leases.release(trial._trial_id)
+
+    def _tell(self, trial: optuna.Trial, result: J.Result, extra: dict[str, Any]) -> None:
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        if frozen.state.is_finished():
+            return  # an earlier attempt was committed before the connection dropped
+        attrs = outcome.user_attrs(result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name})
+        outcome.record(self.study, trial, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs)
+        if result.status == J.INTERRUPTED:
+            with study_lock(self.ctx.url, self.spec.study):
+                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"))
+
+    def _heartbeat(self, trial_id: int, stop: threading.Event) -> None:
+        while not stop.wait(self.spec.run.heartbeat_s):
+            try:
+                self.leases.beat(trial_id)
+            except Exception as exc:  # a missed beat is retried next period; the grace period covers it
+                log.warning("heartbeat failed: %s", type(exc).__name__)
+
+    def evaluate(self, number: int, route: dict[str, Any]) -> tuple[J.Result, dict[str, Any]]:
+        """The result for `route`: known-invalid, from the cache, or built and measured in a child."""
+        spec = self.spec
+        key = cache_key(
+            model_sha=self.ctx.model_sha, shapes={k: list(v) for k, v in spec.model.inputs.items()}, data_sha=self.ctx.data_sha,
+            backend=self.ctx.backend.name, backend_version=self.ctx.backend.version(), environment_id=self.env_id,
+            route=route, options=spec.backend.options,
+            measure={"metric": spec.accuracy.metric, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol,
+                     "gate": spec.data.gate_samples, "timing": [spec.objective.warmup_s, spec.objective.min_repeats, spec.objective.min_duration_s]},
+        )
+        extra: dict[str, Any] = {"cache_key": key[:16], "cache_hit": False}
+        reason = self.ctx.space.check(route)
+        if reason:
+            return J.Result(status=J.INVALID_ROUTE, message=reason), extra
+        cached = self.results.lookup(key)
+        if cached is not None and self._reusable(cached):
+            extra.update(cache_hit=True, cached_from=f"{cached.study}#{cached.trial_number}")
+            return J.Result.from_json(_json(cached.result)), extra
+        result = self._run_child(number, route)
+        if result.status in J.DETERMINISTIC and not self.stop.event.is_set():
+            self._store(key, number, route, result)
+        return result, extra
+
+    def _reusable(self, cached: Any) -> bool:
+        # A gate failure stopped before timing: reuse it only if it still fails this tolerance.
+        return cached.status != J.GATE_FAILED or (cached.accuracy is not None and cached.accuracy > self.spec.accuracy.tolerance)
+
+    def _run_child(self, number: int, route: dict[str, Any]) -> J.Result:
+        trial_dir = self.ctx.work_dir / "trials" / f"{number:05d}"
+        job = make_job(self.ctx, route, trial_dir / "out")
+        result = run_isolated(job, trial_dir, self.stop.child, self.child_env)
+        self._keep_artifact(result)
+        self._upload_log(number, trial_dir)
+        shutil.rmtree(trial_dir / "out", ignore_errors=True)
+        return result
+
+    def _keep_artifact(self, result: J.Result) -> None:
+        """Move the artifact to the content-addressed store (work_dir/artifacts/<sha256><suffix>)."""
+        if not result.artifact_path or not result.artifact_sha256 or not Path(result.artifact_path).exists():
+            return
+        src = Path(result.artifact_path)
+        dest = self.ctx.work_dir / "artifacts" / f"{result.artifact_sha256}{src.suffix}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            shutil.move(str(src), dest)
+        result.artifact_path = str(dest)
+        self.results.add_artifact(result.artifact_sha256, str(dest), int(result.artifact_bytes or 0), self.ctx.backend.name)
+
+    def _upload_log(self, number: int, trial_dir: Path) -> None:
+        """Bulky per-trial logs go to Optuna's artifact store, not into trial attributes."""
+        log_path = trial_dir / "child.log"
+        if log_path.exists() and log_path.stat().st_size:
+            from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+
+            store_dir = self.ctx.work_dir / "optuna-artifacts"
+            store_dir.mkdir(parents=True, exist_ok=True)
+            storage = self.study._storage
+            frozen = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(self.study_id, number))
+            try:
+                upload_artifact(artifact_store=FileSystemArtifactStore(str(store_dir)), file_path=str(log_path),
+                                study_or_trial=frozen, storage=storage)
+            except Exception as exc:  # logs are a convenience; never fail a trial over them
+                log.warning("could not store the trial log: %s", exc)
+
+    def _store(self, key: str, number: int, route: dict[str, Any], result: J.Result) -> None:
+        value = result.latency.get(self.spec.objective.statistic) if result.latency else None
+        self.results.save(
+            key, backend=self.ctx.backend.name, backend_version=self.ctx.backend.version(), environment_id=self.env_id,
+            route=route, status=result.status, value=value, accuracy=_finite_or_none(result.accuracy),
+            result=_json_safe(result), artifact_sha256=result.artifact_sha256, study=self.spec.study, trial_number=number,
+        )
+        if result.samples_ms:
+            self.results.add_measurement(self.spec.study, number, key, "trial", result.latency or {}, result.samples_ms, result.timing_info)
+
+
+def _route_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The route a trial ran (or was enqueued to run, if it died before sampling)."""
+    return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
+
+
+def make_job(ctx: Context, route: dict[str, Any], out_dir: Path) -> J.Job:
+    """The child's job for building and measuring `route` of the study `ctx`."""
+    spec = ctx.spec
+    return J.Job(
+        backend=spec.backend.name, route=route, model_path=str(spec.model.path),
+        input_shapes={k: list(v) for k, v in spec.model.inputs.items()}, options=spec.backend.options,
+        work_dir=str(ctx.work_dir), out_dir=str(out_dir), feeds_path=str(ctx.feeds_path),
+        reference_path=str(ctx.reference_path), metric=spec.accuracy.metric, tolerance=spec.accuracy.tolerance,
+        atol=spec.accuracy.atol, rtol=spec.accuracy.rtol, gate_samples=spec.data.gate_samples,
+        warmup_s=spec.objective.warmup_s, min_repeats=spec.objective.min_repeats,
+        min_duration_s=spec.objective.min_duration_s, timeout_s=spec.run.trial_timeout_s,
+    )
+
+
+def _finite_or_none(v: float | None) -> float | None:
+    import math
+
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _json_safe(result: J.Result) -> dict[str, Any]:
+    """The result as JSON-column-safe data (no raw samples or logs; non-finite floats as strings)."""
+    import json
+
+    data = json.loads(result.to_json())
+    data["log"] = ""
+    data["samples_ms"] = []  # raw samples live in tuner_measurements
+    return _sanitize(data)
+
+
+def _sanitize(obj: Any) -> Any:
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _sanitize(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_sanitize(v) for v in obj]
+    return obj
+
+
+def _json(data: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(data)
