@@ -10,7 +10,7 @@ import typer
 from tuner.cli.common import StorageOpt, console, context
 from tuner.errors import TunerError
 from tuner.store.db import check_reachable, upgrade_schema
-from tuner.store.urls import mask_url
+from tuner.store.urls import mask_url, normalize_url
 
 app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 
@@ -20,7 +20,7 @@ def upgrade(spec: Annotated[Path | None, typer.Argument(help="A study file namin
     """Create or migrate the database: Optuna's tables and the tuner's (tuner_alembic_version)."""
     if spec is None and not storage:
         raise TunerError("db upgrade: give a study file or --storage URL")
-    url = storage if spec is None else context(spec, storage).url
+    url = normalize_url(storage) if spec is None and storage else context(spec, storage).url
     assert url is not None
     check_reachable(url)
     import optuna

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpecError, TunerError
+from tuner.store.urls import normalize_url
 from tuner.spec.model import AccuracySpec, BackendSpec, DataSpec, ModelSpec, ObjectiveSpec, RunSpec, Spec
 
 STORAGE_ENV = "TUNER_STORAGE"
@@ -254,6 +255,6 @@ def resolve_storage(spec: Spec, override: str | None = None) -> str:
     """The storage URL: --storage, then $TUNER_STORAGE, then the study file, then SQLite in work_dir."""
     url = override or os.environ.get(STORAGE_ENV) or spec.storage
     if url:
-        return url
+        return normalize_url(url)
     spec.work_dir.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{spec.work_dir / 'study.db'}"

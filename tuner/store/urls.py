@@ -32,3 +32,11 @@ def scrub(text: str, url: str) -> str:
     if secret:
         out = out.replace(str(secret), "***")
     return out
+
+
+def normalize_url(url: str) -> str:
+    """Pin PostgreSQL URLs without a driver to psycopg2 (SQLAlchemy 2.1 would pick psycopg 3)."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            return "postgresql+psycopg2://" + url[len(plain):]
+    return url

@@ -1,0 +1,65 @@
+"""Test backends loaded by name (`tests.backends:Class`) in study files.
+
+They are the real ONNX Runtime backend with deliberate faults added around `build`, so crash
+isolation, leases and the cache are exercised by real processes and real signals.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from tuner.backends.base import Artifact, BuildContext
+from tuner.backends.onnxruntime import OnnxRuntimeBackend
+from tuner.space import Route
+
+
+def _next_build(marker_dir: Path) -> int:
+    """Count this build (atomically, across processes) and return its 0-based index."""
+    marker_dir.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        try:
+            os.close(os.open(marker_dir / f"build-{n:04d}", os.O_CREAT | os.O_EXCL))
+            return n
+        except FileExistsError:
+            n += 1
+
+
+def _block(marker_dir: Path, index: int) -> None:
+    """Announce `blocked-<index>` (with the worker's pid) and wait for `release`, or for the worker to die."""
+    parent = os.getppid()
+    (marker_dir / f"blocked-{index}.tmp").write_text(str(parent))
+    (marker_dir / f"blocked-{index}.tmp").replace(marker_dir / f"blocked-{index}")
+    while not (marker_dir / "release").exists():
+        if os.getppid() != parent:  # the worker was killed: this orphan must not linger
+            os._exit(3)
+        time.sleep(0.05)
+
+
+class FaultBackend(OnnxRuntimeBackend):
+    """ONNX Runtime with scripted faults per build number.
+
+    backend.options:
+      marker_dir: where builds are counted (`build-NNNN` files) and blocks are announced;
+      faults: a table {build index (as a string): "segfault" | "hang" | "block" | "error"}.
+    """
+
+    name = "fault"
+
+    def build(self, route: Route, ctx: BuildContext) -> Artifact:
+        marker_dir = Path(str(ctx.model.options["marker_dir"]))
+        index = _next_build(marker_dir)
+        fault = dict(ctx.model.options.get("faults", {})).get(str(index))
+        if fault == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif fault == "hang":
+            while True:
+                time.sleep(1)
+        elif fault == "block":
+            _block(marker_dir, index)
+        elif fault == "error":
+            raise RuntimeError("scripted build failure")
+        return super().build(route, ctx)

@@ -1,0 +1,120 @@
+"""Shared fixtures: real PostgreSQL databases, SQLite files, small ONNX models, study files, the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from tests.models import conv_model
+
+PG_ADMIN = os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _admin() -> Any:
+    conn = psycopg2.connect(PG_ADMIN)
+    conn.autocommit = True
+    return conn
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
+    name = f"tuner_test_{uuid.uuid4().hex[:12]}"
+    conn = _admin()
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    conn = _admin()
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    conn.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A SQLite database file in the test's temporary directory."""
+    return f"sqlite:///{tmp_path / 'study.db'}"
+
+
+@pytest.fixture
+def tiny_model(tmp_path: Path) -> Path:
+    """A small real CNN (input x [1,3,16,16], output y [1,10])."""
+    return conv_model(tmp_path / "tiny.onnx")
+
+
+SpecWriter = Callable[..., Path]
+
+
+@pytest.fixture
+def write_spec(tmp_path: Path, tiny_model: Path) -> SpecWriter:
+    """Write a study file for the tiny model; keyword arguments override `section.key` values.
+
+    Example: write_spec(**{"run.budget": 4, "backend.space": {"precision": ["fp32"]}}).
+    """
+
+    def write(name: str = "study.toml", **overrides: Any) -> Path:
+        doc: dict[str, dict[str, Any]] = {
+            "study": {"name": "tiny"},
+            "model": {"path": str(tiny_model)},
+            "data": {"samples": 4, "gate_samples": 2},
+            "accuracy": {"metric": "cosine", "tolerance": 0.001},
+            "objective": {"warmup_s": 0.0, "min_repeats": 5, "min_duration_s": 0.02},
+            "backend": {"name": "onnxruntime"},
+            "run": {"budget": 4, "heartbeat_s": 0.5, "grace_s": 30.0, "trial_timeout_s": 120.0},
+        }
+        for dotted, value in overrides.items():
+            section, _, key = dotted.partition(".")
+            if value is None:
+                doc.setdefault(section, {}).pop(key, None)
+            else:
+                doc.setdefault(section, {})[key] = value
+        path = tmp_path / name
+        path.write_text(to_toml(doc))
+        return path
+
+    return write
+
+
+def to_toml(doc: dict[str, dict[str, Any]]) -> str:
+    """A minimal TOML writer for test study files (tables of scalars, lists and inline tables)."""
+    lines = []
+    for section, table in doc.items():
+        lines.append(f"[{section}]")
+        for key, value in table.items():
+            lines.append(f"{key} = {_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f'"{k}" = {_value(x)}' for k, x in v.items()) + " }"
+    raise TypeError(type(v))
+
+
+def tuner(*args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real `tuner` CLI in a subprocess and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}, cwd=cwd or REPO,
+    )

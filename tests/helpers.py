@@ -1,0 +1,46 @@
+"""Helpers for tests that drive real processes: start the CLI in the background, wait for events, read studies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner.store.urls import normalize_url
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_tuner(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """Start `tuner ARGS` in the background, output to `log`."""
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[bytes] | None = None, limit_s: float = 120) -> None:
+    """Block until `path` exists (an event the system under test announces); fail if `proc` exits first."""
+    deadline = time.monotonic() + limit_s
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before {path.name} appeared")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear within {limit_s} s")
+        time.sleep(0.05)
+
+
+def trials(url: str, study: str) -> list[optuna.trial.FrozenTrial]:
+    """All trials of a study, freshly read."""
+    return optuna.load_study(study_name=study, storage=normalize_url(url)).get_trials(deepcopy=False)
+
+
+def status(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """Parse `tuner status --json` output."""
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

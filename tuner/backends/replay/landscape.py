@@ -1,0 +1,208 @@
+"""The landscape file: every route of a study measured with a real backend (compressed JSON).
+
+A landscape holds, per route, the outcome of each recording round (failure class, latency statistics
+and raw samples) and the engine's outputs for each validation feed, so a replay computes accuracy
+for real against the study's reference, under any tolerance. Identical output sets are stored once.
+Arrays are JSON objects {dtype, shape, b64}; the file is gzip-compressed JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.errors import TunerError
+from tuner.space import Route, route_hash
+
+FORMAT = "route-tuner-landscape/1"
+Outputs = dict[str, np.ndarray]
+
+
+def encode_array(a: np.ndarray) -> dict[str, Any]:
+    """An array as a JSON-able dict."""
+    a = np.ascontiguousarray(a)
+    return {"dtype": str(a.dtype), "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def decode_array(d: Mapping[str, Any]) -> np.ndarray:
+    """The array of `encode_array`."""
+    return np.frombuffer(base64.b64decode(d["b64"]), dtype=np.dtype(d["dtype"])).reshape(d["shape"])
+
+
+def feed_key(feed: Mapping[str, np.ndarray]) -> str:
+    """A content hash of one feed (names, dtypes, shapes, bytes): how a replay finds its outputs."""
+    h = hashlib.sha256()
+    for name in sorted(feed):
+        a = np.ascontiguousarray(feed[name])
+        h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:32]
+
+
+def outputs_key(outputs: list[Outputs]) -> str:
+    """A content hash of one engine's outputs over all feeds (equal outputs are stored once)."""
+    h = hashlib.sha256()
+    for out in outputs:
+        for name in sorted(out):
+            a = np.ascontiguousarray(out[name])
+            h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
+            h.update(a.tobytes())
+    return h.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Round:
+    """One recording round of one route: how it ended and, if timed, its latency samples (ms)."""
+
+    status: str
+    phase: str = ""
+    message: str = ""
+    build_s: float | None = None
+    samples_ms: tuple[float, ...] = ()
+
+    @property
+    def timed(self) -> bool:
+        """Whether this round produced latency samples."""
+        return bool(self.samples_ms)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One route of the landscape."""
+
+    route: Route
+    rounds: tuple[Round, ...] = ()
+    invalid: str | None = None  # the space's known-invalid reason; such routes are never built
+    outputs: str | None = None  # key into Landscape.outputs
+
+    @property
+    def key(self) -> str:
+        return route_hash(self.route)
+
+
+@dataclass
+class Landscape:
+    """A recorded landscape (see the module docstring); `meta` holds study, environment and space."""
+
+    meta: dict[str, Any]
+    points: list[Point]
+    feeds: list[str]  # feed_key of each validation feed, in order
+    reference: list[Outputs]  # the study's fp32 reference outputs, per feed
+    outputs: dict[str, list[Outputs]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._by_key = {p.key: p for p in self.points}
+        self._feed_index = {k: i for i, k in enumerate(self.feeds)}
+
+    def point(self, route: Mapping[str, Any]) -> Point | None:
+        """The point recorded for `route`, if any."""
+        return self._by_key.get(route_hash(route))
+
+    def outputs_for(self, point: Point, feed: Mapping[str, np.ndarray]) -> Outputs:
+        """The outputs `point`'s engine produced for `feed` (KeyError if either was not recorded)."""
+        if point.outputs is None:
+            raise KeyError(f"no outputs recorded for route {point.key}")
+        index = self._feed_index.get(feed_key(feed))
+        if index is None:
+            raise KeyError("this feed was not part of the recording (use the recording's data file and seed)")
+        return self.outputs[point.outputs][index]
+
+    def space_params(self) -> list[dict[str, Any]]:
+        """The recorded space: [{name, choices, default}] in sampling order."""
+        return list(self.meta["space"])
+
+    # -- file I/O ------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole landscape as JSON-able data."""
+        return {
+            "format": FORMAT,
+            **self.meta,
+            "feeds": self.feeds,
+            "reference": [_enc_outputs(o) for o in self.reference],
+            "outputs": {k: [_enc_outputs(o) for o in v] for k, v in self.outputs.items()},
+            "points": [_enc_point(p) for p in self.points],
+        }
+
+    def save(self, path: Path) -> None:
+        """Write `path` (.json.gz) atomically."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+            json.dump(self.to_json(), f, separators=(",", ":"))
+        tmp.replace(path)
+
+
+def load_landscape(path: Path) -> Landscape:
+    """Read a landscape file (TunerError if it is missing or not one)."""
+    path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise TunerError(f"landscape {path}: not found") from exc
+    return _load(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@cache
+def _load(path: str, mtime_ns: int, size: int) -> Landscape:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError, EOFError) as exc:
+        raise TunerError(f"landscape {path}: not a gzip-compressed JSON file ({type(exc).__name__})") from exc
+    if doc.get("format") != FORMAT:
+        raise TunerError(f"landscape {path}: format {doc.get('format')!r}, expected {FORMAT!r}")
+    body = {"format", "feeds", "reference", "outputs", "points"}
+    return Landscape(
+        meta={k: v for k, v in doc.items() if k not in body},
+        points=[_dec_point(p) for p in doc["points"]],
+        feeds=list(doc["feeds"]),
+        reference=[_dec_outputs(o) for o in doc["reference"]],
+        outputs={k: [_dec_outputs(o) for o in v] for k, v in doc["outputs"].items()},
+    )
+
+
+def _enc_outputs(o: Outputs) -> dict[str, Any]:
+    return {name: encode_array(a) for name, a in o.items()}
+
+
+def _dec_outputs(o: Mapping[str, Any]) -> Outputs:
+    return {name: decode_array(a) for name, a in o.items()}
+
+
+def _enc_point(p: Point) -> dict[str, Any]:
+    doc: dict[str, Any] = {"route": p.route, "rounds": [_enc_round(r) for r in p.rounds]}
+    if p.invalid is not None:
+        doc["invalid"] = p.invalid
+    if p.outputs is not None:
+        doc["outputs"] = p.outputs
+    return doc
+
+
+def _enc_round(r: Round) -> dict[str, Any]:
+    doc: dict[str, Any] = {"status": r.status, "phase": r.phase}
+    if r.message:
+        doc["message"] = r.message
+    if r.build_s is not None:
+        doc["build_s"] = round(r.build_s, 4)
+    if r.samples_ms:
+        doc["samples_ms"] = [round(s, 4) for s in r.samples_ms]
+    return doc
+
+
+def _dec_point(d: Mapping[str, Any]) -> Point:
+    rounds = tuple(
+        Round(r["status"], r.get("phase", ""), r.get("message", ""), r.get("build_s"), tuple(r.get("samples_ms", ())))
+        for r in d.get("rounds", ())
+    )
+    return Point(dict(d["route"]), rounds, d.get("invalid"), d.get("outputs"))
