@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from tuner.backends.base import Artifact, BuildContext
+from tuner.backends.base import Artifact, BuildContext, ModelInfo
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
-from tuner.space import Route
+from tuner.space import Param, Route, SearchSpace
 
 
 def _next_build(marker_dir: Path) -> int:
@@ -63,3 +64,18 @@ class FaultBackend(OnnxRuntimeBackend):
         elif fault == "error":
             raise RuntimeError("scripted build failure")
         return super().build(route, ctx)
+
+
+class SameEngineBackend(OnnxRuntimeBackend):
+    """ONNX Runtime where every route builds the same engine: the real knobs are pinned to their
+    defaults (one intra-op thread) and the only free knob, `noop`, is ignored by build and run.
+
+    A study on it has nothing to find; its "best" trial is luck, which confirmation must expose.
+    """
+
+    name = "same-engine"
+
+    def space(self, model: ModelInfo) -> SearchSpace:
+        pinned = [replace(p, choices=(1,), default=1) if p.name == "intra_op_threads" else replace(p, choices=(p.default,))
+                  for p in super().space(model).params]
+        return SearchSpace((*pinned, Param("noop", ("a", "b", "c", "d", "e", "f"), "a", "changes nothing")))

@@ -70,6 +70,17 @@ def best(
     console.print(f"best feasible: trial {doc['trial']}  {fmt_ms(doc['value'])}  speedup {fmt_x(doc['speedup'])} over the default "
                   f"({fmt_ms(doc['baseline_value'])})\n  {doc['accuracy']['metric']} = {doc['accuracy']['value']} "
                   f"(tolerance {doc['accuracy']['tolerance']})\n  route: {route}", highlight=False)
+    console.print(f"  confirmation: {_confirmation_text(doc)}", highlight=False)
+
+
+def _confirmation_text(doc: dict[str, Any]) -> str:
+    """The confirmation verdict with its interval, flagged when it predates the current best trial."""
+    conf = doc.get("confirmation")
+    if not conf:
+        return "none yet (`tuner run` re-measures the top routes against the default when the budget is spent)"
+    if conf.get("study_best_trial") != doc["trial"]:
+        return f"{conf['message']} [made when the best trial was {conf.get('study_best_trial')}; run `tuner run` again to re-confirm]"
+    return str(conf["message"])
 
 
 def _export(ctx: Any, doc: dict[str, Any], out: Path) -> None:

@@ -6,14 +6,17 @@ import signal
 import time
 from typing import Annotated, Any
 
+import optuna
+import optuna
 import typer
 from rich.live import Live
 from rich.text import Text
 
 from tuner.cli.common import SpecArg, StorageOpt, console, context, err_console, fmt_ms, fmt_x
 from tuner.errors import TunerError
+from tuner.store.db import db_retry, is_db_fault
 from tuner.store.urls import mask_url
-from tuner.study.setup import prepare
+from tuner.study.setup import Context, prepare
 from tuner.study.summary import Summary, summarize_study
 from tuner.worker.pool import Pool
 
@@ -24,6 +27,10 @@ def run(
     trials: Annotated[int | None, typer.Option("--trials", min=1, help="The study's TOTAL trial budget (not 'N more').")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="CPU worker processes.")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Comma-separated GPU ids: one worker per GPU.")] = None,
+    confirm: Annotated[bool, typer.Option("--confirm/--no-confirm", help="Re-measure the top routes against the default at the end.")] = True,
+    confirm_rounds: Annotated[int | None, typer.Option("--confirm-rounds", min=1, help="Confirmation rounds (default: max(8, what the confidence needs)).")] = None,
+    confirm_top_k: Annotated[int, typer.Option("--confirm-top-k", min=1, help="Candidates re-measured against the default.")] = 3,
+    confirm_confidence: Annotated[float, typer.Option("--confirm-confidence", min=0.5, max=0.999, help="Joint confidence of the speedup intervals.")] = 0.95,
 ) -> None:
     """Run (or resume) the study until its total trial budget is used up."""
     ctx = context(spec, storage)
@@ -38,11 +45,11 @@ def run(
     pool.start()
     interrupted = False
     try:
-        with Live(_table(summarize_study(study)), console=err_console, refresh_per_second=2, transient=False) as live:
+        with Live(_progress(study), console=err_console, refresh_per_second=2, transient=False) as live:
             while pool.alive():
                 time.sleep(0.5)  # display refresh cadence, not synchronisation
-                live.update(_table(summarize_study(study)))
-            live.update(_table(summarize_study(study)))
+                live.update(_progress(study, live.renderable))
+            live.update(_progress(study, live.renderable))
     except KeyboardInterrupt:
         interrupted = True
         err_console.print("stopping: the trials in flight are marked interrupted and re-queued ...")
@@ -50,16 +57,48 @@ def run(
     finally:
         codes = pool.wait()
         signal.signal(signal.SIGTERM, previous)
-    summary = summarize_study(study)
+    for attempt in db_retry():
+        with attempt:
+            summary = summarize_study(study)
     _print_result(summary)
     if interrupted:
         raise typer.Exit(130)
     if any(codes):
         raise TunerError(f"{sum(1 for c in codes if c)} worker(s) exited with an error (statuses {codes})")
+    if confirm:
+        _confirm(ctx, study, confirm_rounds, confirm_top_k, confirm_confidence)
+
+
+def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float) -> None:
+    """Confirm the winner in fresh interleaved processes, then print the verdict with its interval."""
+    from tuner.study.confirm import confirm
+    from tuner.study.note import update_note
+
+    err_console.print(f"confirming: re-measuring up to {top_k} candidate(s) against the default route ...")
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # so the child in flight is killed, not orphaned
+    try:
+        doc = confirm(ctx, study, rounds, top_k, confidence, log=lambda line: err_console.print(line, highlight=False))
+    except KeyboardInterrupt:
+        err_console.print("confirmation interrupted; run `tuner run` again to confirm")
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    update_note(study)
+    console.print(f"confirmation: {doc['message']}", highlight=False)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def _progress(study: optuna.Study, previous: Any = None) -> Any:
+    """The progress line; while the database is unreachable, the previous one (the workers retry)."""
+    try:
+        return _table(summarize_study(study))
+    except Exception as exc:
+        if previous is None or not is_db_fault(exc):
+            raise
+        return previous
 
 
 def _table(s: Summary) -> Text:

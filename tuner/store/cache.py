@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from tuner.store.db import get_engine
+from tuner.store.db import get_engine, retried
 from tuner.store.models import ArtifactRecord, CachedResult, Environment, Measurement
 
 
@@ -43,6 +43,7 @@ class ResultStore:
     def __init__(self, url: str) -> None:
         self.engine = get_engine(url)
 
+    @retried
     def record_environment(self, data: dict[str, Any]) -> str:
         """Store a fingerprint (idempotent) and return its id."""
         env_id = digest(data)[:32]
@@ -50,6 +51,7 @@ class ResultStore:
             _upsert_ignore(s, Environment, {"id": env_id, "data": data, "created_at": time.time()})
         return env_id
 
+    @retried
     def lookup(self, key: str) -> CachedResult | None:
         """The stored result for a cache key, if any."""
         with Session(self.engine) as s:
@@ -58,11 +60,13 @@ class ResultStore:
                 s.expunge(row)
             return row
 
+    @retried
     def save(self, key: str, **values: Any) -> None:
         """Store a result under `key` unless another worker stored one first."""
         with Session(self.engine) as s, s.begin():
             _upsert_ignore(s, CachedResult, {"key": key, "created_at": time.time(), **values})
 
+    @retried
     def add_measurement(self, study: str, trial_number: int, result_key: str, kind: str, stats: dict[str, Any],
                         samples_ms: list[float], timing_info: dict[str, Any]) -> None:
         """Keep a timing run's raw samples."""
@@ -70,6 +74,7 @@ class ResultStore:
             s.add(Measurement(study=study, trial_number=trial_number, result_key=result_key, kind=kind, stats=stats,
                               samples_ms=samples_ms, timing_info=timing_info, created_at=time.time()))
 
+    @retried
     def measurements(self, study: str, kind: str | None = None) -> list[Measurement]:
         """A study's measurements (optionally of one kind), oldest first."""
         with Session(self.engine) as s:
@@ -80,11 +85,13 @@ class ResultStore:
             s.expunge_all()
             return rows
 
+    @retried
     def add_artifact(self, sha256: str, path: str, size: int, backend: str) -> None:
         """Record a kept artifact file (idempotent)."""
         with Session(self.engine) as s, s.begin():
             _upsert_ignore(s, ArtifactRecord, {"sha256": sha256, "path": path, "bytes": size, "backend": backend, "created_at": time.time()})
 
+    @retried
     def artifact(self, sha256: str) -> ArtifactRecord | None:
         """The record of a kept artifact."""
         with Session(self.engine) as s:

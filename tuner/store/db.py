@@ -4,20 +4,55 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from functools import cache
+from typing import Any, TypeVar
 from importlib import resources
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError, SQLAlchemyError
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from tuner.errors import TunerError
 from tuner.store.urls import mask_url, scrub
 
 VERSION_TABLE = "tuner_alembic_version"
+log = logging.getLogger("tuner.store")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def is_db_fault(exc: BaseException) -> bool:
+    """Whether `exc` means the database is (temporarily) unreachable rather than a bug."""
+    import optuna
+
+    return isinstance(exc, OperationalError | DBAPIError | optuna.exceptions.StorageInternalError | InvalidatePoolError)
+
+
+def db_retry(max_wait_s: float = 300.0) -> Retrying:
+    """Retry a database operation with exponential backoff while the database is away."""
+    return Retrying(
+        retry=retry_if_exception(is_db_fault), wait=wait_exponential(multiplier=0.5, max=10),
+        stop=stop_after_delay(max_wait_s), reraise=True,
+        before_sleep=lambda rs: log.warning("database unavailable (%s); retrying", type(rs.outcome.exception()).__name__),
+    )
+
+
+def retried(fn: F) -> F:
+    """Decorator: run `fn` under `db_retry()` (for short, idempotent database operations)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for attempt in db_retry():
+            with attempt:
+                return fn(*args, **kwargs)
+        raise AssertionError("unreachable")
+
+    return wrapper  # type: ignore[return-value]
 
 
 def engine_kwargs(url: str) -> dict:

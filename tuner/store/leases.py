@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from tuner.store.db import db_epoch, get_engine
+from tuner.store.db import db_epoch, get_engine, retried
 from tuner.store.models import Lease
 
 HOST = socket.gethostname()
@@ -36,6 +36,7 @@ class Leases:
         self.engine = get_engine(url)
         self.study = study
 
+    @retried
     def take(self, trial_id: int, owner: Owner) -> None:
         """Start a lease on a trial that was just asked for."""
         with Session(self.engine) as s, s.begin():
@@ -48,11 +49,13 @@ class Leases:
         with Session(self.engine) as s, s.begin():
             s.execute(update(Lease).where(Lease.trial_id == trial_id, Lease.state == "running").values(heartbeat_at=db_epoch(s)))
 
+    @retried
     def release(self, trial_id: int) -> None:
         """The trial finished: its lease is done."""
         with Session(self.engine) as s, s.begin():
             s.execute(update(Lease).where(Lease.trial_id == trial_id).values(state="done"))
 
+    @retried
     def expired(self, running_trial_ids: list[int], started_at: dict[int, float], grace_s: float) -> list[int]:
         """Which of the RUNNING trials have lost their owner.
 
@@ -75,6 +78,7 @@ class Leases:
                 lost.append(tid)
         return lost
 
+    @retried
     def claim_reap(self, trial_id: int) -> bool:
         """Mark a lease reaped; False if it is no longer running. Call under the study lock."""
         with Session(self.engine) as s, s.begin():

@@ -109,8 +109,8 @@ def prepare(ctx: Context) -> optuna.Study:
     compatible with an existing study of the same name.
     """
     check_reachable(ctx.url)
+    ensure_schema(ctx.url)  # first: refuses a schema newer than this code before anything is written
     storage = optuna_storage(ctx.url)
-    ensure_schema(ctx.url)
     fingerprint = ctx.fingerprint()
     ctx.reference_path  # noqa: B018 - compute once, before the workers need it
     ctx.feeds_path  # noqa: B018

@@ -19,35 +19,19 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy.exc import DBAPIError, OperationalError
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from tuner.store.cache import ResultStore, cache_key
-from tuner.store.db import study_lock
+from tuner.store.db import db_retry, study_lock
 from tuner.store.leases import Leases, Owner
 from tuner.study import outcome
 from tuner.study.budget import count_trials
+from tuner.study.note import update_note
 from tuner.study.sampler import make_sampler
 from tuner.study.setup import Context
 from tuner.worker import job as J
 from tuner.worker.isolate import ChildHandle, run_isolated
 
 log = logging.getLogger("tuner.worker")
-
-
-def _is_db_fault(exc: BaseException) -> bool:
-    if isinstance(exc, OperationalError | DBAPIError):
-        return True
-    return isinstance(exc, optuna.exceptions.StorageInternalError) or "server closed the connection" in str(exc)
-
-
-def db_retry(max_wait_s: float = 300.0) -> Retrying:
-    """Retry a database operation with exponential backoff while the database is away."""
-    return Retrying(
-        retry=retry_if_exception(_is_db_fault), wait=wait_exponential(multiplier=0.5, max=10),
-        stop=stop_after_delay(max_wait_s), reraise=True,
-        before_sleep=lambda rs: log.warning("database unavailable (%s); retrying", type(rs.outcome.exception()).__name__),
-    )
 
 
 @dataclass
@@ -172,6 +156,7 @@ class Worker:
             return  # an earlier attempt was committed before the connection dropped
         attrs = outcome.user_attrs(result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name})
         outcome.record(self.study, trial, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs)
+        update_note(self.study)  # never raises: the dashboard's study note states the best feasible trial
         if result.status == J.INTERRUPTED:
             with study_lock(self.ctx.url, self.spec.study):
                 self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"))

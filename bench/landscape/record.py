@@ -1,0 +1,255 @@
+"""Record a landscape: every route of a study's space, measured with the real backend in isolated children.
+
+    python -m bench.landscape.record studies/efficientnet_lite0_landscape.toml \
+        -o bench/landscapes/efficientnet_lite0.json.gz --rounds 3
+
+Each route runs through the same path as a trial (`make_job` + `run_isolated`, a fresh child per
+route) with two changes: the backend is wrapped by `CaptureBackend` so the engine's outputs per feed
+are kept, and the tolerance is infinite so every route that builds is timed and checked on all feeds
+(the landscape serves any tolerance later). Rounds visit the routes in a fresh random order each, so
+slow drifts of a shared machine spread over all routes; routes that failed deterministically are not
+re-run. Progress is journaled under the study's work_dir, so an interrupted recording resumes, and
+the landscape file is rewritten after every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner import __version__
+from tuner.backends.replay.capture import OPTION, OUTPUTS, read_captured
+from tuner.backends.replay.landscape import Landscape, Outputs, Point, Round, feed_key, outputs_key
+from tuner.errors import TunerError
+from tuner.measure.reference import load_reference
+from tuner.spec import load_spec
+from tuner.space import Route, route_hash
+from tuner.study.setup import Context
+from tuner.worker import job as J
+from tuner.worker.isolate import run_isolated
+from tuner.worker.loop import make_job
+
+CAPTURE = "tuner.backends.replay.capture:CaptureBackend"
+NOT_RERUN = {J.BUILD_ERROR, J.RUNTIME_UNSUPPORTED, J.INVALID_ROUTE}  # deterministic failures
+
+
+class Recorder:
+    """Measures routes of one study into a journal (work_dir/landscape) and writes the landscape file."""
+
+    def __init__(self, spec_path: Path, out: Path, rounds: int, sample: int | None = None, seed: int = 0) -> None:
+        self.ctx = Context(load_spec(spec_path), url="")
+        self.out = out
+        self.rounds = rounds
+        self.seed = seed
+        space = self.ctx.space
+        every = space.routes()
+        self.total = len(every)
+        if sample is not None and sample < self.total:
+            keep = set(random.Random(seed).sample(range(self.total), sample))
+            every = [r for i, r in enumerate(every) if i in keep]
+        self.routes = every
+        self.dir = self.ctx.work_dir / "landscape"
+        self.journal = self.dir / "journal.jsonl"
+        self.started = time.time()
+        self.load_start = os.getloadavg()
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    def run(self, log: Any = print) -> Landscape:
+        """Measure every (route, round) not yet in the journal; write the landscape after each round."""
+        self._check_journal()
+        done = self._entries()
+        feeds = [feed_key(f) for f in self.ctx.feeds]
+        landscape = self.landscape(done)
+        for rnd in range(self.rounds):
+            order = list(self.routes)
+            random.Random(self.seed * 1000 + rnd).shuffle(order)
+            todo = [r for r in order if self._needs(route_hash(r), rnd, done)]
+            t0 = time.monotonic()
+            for i, route in enumerate(todo, 1):
+                entry = self._measure(route, rnd, feeds)
+                self._append(entry)
+                done.setdefault(entry["key"], {})[rnd] = entry
+                eta = (time.monotonic() - t0) / i * (len(todo) - i)
+                log(f"round {rnd + 1}/{self.rounds} {i}/{len(todo)} {entry['status']:<14} "
+                    f"{_fmt(entry.get('median_ms'))} eta {eta / 60:.0f} min  {_short(route)}")
+            landscape = self.landscape(done)
+            landscape.save(self.out)
+            log(f"wrote {self.out} after round {rnd + 1}")
+        return landscape
+
+    def _needs(self, key: str, rnd: int, done: dict[str, dict[int, dict[str, Any]]]) -> bool:
+        have = done.get(key, {})
+        if rnd in have:
+            return False
+        return not any(e["status"] in NOT_RERUN for e in have.values())
+
+    def _measure(self, route: Route, rnd: int, feeds: list[str]) -> dict[str, Any]:
+        key = route_hash(route)
+        entry: dict[str, Any] = {"key": key, "round": rnd, "route": route}
+        reason = self.ctx.space.check(route)
+        if reason:
+            return {**entry, "status": J.INVALID_ROUTE, "phase": "", "message": reason}
+        trial_dir = self.dir / "trial"
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        spec = self.ctx.spec
+        job = replace(make_job(self.ctx, route, trial_dir / "out"), backend=CAPTURE,
+                      options={**spec.backend.options, OPTION: spec.backend.name}, tolerance=math.inf)
+        res = run_isolated(job, trial_dir)
+        entry.update(status=res.status, phase=res.phase, message=res.message[:500], build_s=res.build_s,
+                     samples_ms=[round(s, 4) for s in res.samples_ms], accuracy=_finite(res.accuracy))
+        if res.latency:
+            entry["median_ms"] = res.latency["median"]
+        captured = trial_dir / "out" / OUTPUTS
+        if res.status == J.OK and captured.exists():
+            outputs = _ordered(read_captured(captured), feeds)
+            okey = outputs_key(outputs)
+            path = self.dir / "outputs" / f"{okey}.npz"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(path, **{f"{i}/{n}": a for i, o in enumerate(outputs) for n, a in o.items()})
+            entry["outputs"] = okey
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        return entry
+
+    # -- journal -----------------------------------------------------------------------------
+
+    def _header(self) -> dict[str, Any]:
+        c = self.ctx
+        return {"model": c.model_sha, "data": c.data_sha, "space": c.space.fingerprint(), "routes": len(self.routes),
+                "metric": c.spec.accuracy.metric, "timing": _timing(c)}
+
+    def _check_journal(self) -> None:
+        header = self._header()
+        if self.journal.exists():
+            first = json.loads(self.journal.read_text().splitlines()[0])
+            if first.get("header") != header:
+                raise TunerError(f"{self.journal} was recorded with other settings; delete it to start over")
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.journal.write_text(json.dumps({"header": header}) + "\n")
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with open(self.journal, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def _entries(self) -> dict[str, dict[int, dict[str, Any]]]:
+        done: dict[str, dict[int, dict[str, Any]]] = {}
+        for line in self.journal.read_text().splitlines()[1:]:
+            if line.strip():
+                e = json.loads(line)
+                done.setdefault(e["key"], {})[e["round"]] = e
+        return done
+
+    # -- the landscape file ------------------------------------------------------------------
+
+    def landscape(self, done: dict[str, dict[int, dict[str, Any]]]) -> Landscape:
+        """The landscape of what the journal holds so far."""
+        points, outputs, mismatches = [], {}, 0
+        for route in self.routes:
+            entries = [done[route_hash(route)][r] for r in sorted(done.get(route_hash(route), {}))]
+            invalid = next((e["message"] for e in entries if e["status"] == J.INVALID_ROUTE), None)
+            rounds = tuple(Round(e["status"], e["phase"], e.get("message", ""), e.get("build_s"), tuple(e.get("samples_ms", ())))
+                           for e in entries if e["status"] != J.INVALID_ROUTE)
+            keys = [e["outputs"] for e in entries if e.get("outputs")]
+            mismatches += len(set(keys)) > 1
+            okey = keys[0] if keys else None
+            if okey and okey not in outputs:
+                outputs[okey] = _read_outputs(self.dir / "outputs" / f"{okey}.npz")
+            points.append(Point(route, rounds, invalid, okey))
+        return Landscape(self._meta(done, mismatches), points, [feed_key(f) for f in self.ctx.feeds],
+                         load_reference(self.ctx.reference_path), outputs)
+
+    def _complete_rounds(self, done: dict[str, dict[int, dict[str, Any]]]) -> int:
+        return sum(all(not self._needs(route_hash(r), rnd, done) for r in self.routes) for rnd in range(self.rounds))
+
+    def _meta(self, done: dict[str, dict[int, dict[str, Any]]], mismatches: int) -> dict[str, Any]:
+        c, spec = self.ctx, self.ctx.spec
+        b = c.backend
+        return {
+            "study": {"name": spec.study, "file": spec.path.name, "text": spec.path.read_text()},
+            "backend": {"name": b.name, "version": b.version(), "options": spec.backend.options},
+            "environment": {
+                "device": b.device(), "python": platform.python_version(), "platform": platform.platform(),
+                "tuner": __version__, "numpy": np.__version__, "niceness": os.nice(0),
+                "loadavg_start": self.load_start, "loadavg_end": os.getloadavg(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
+                "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            "model": {"file": spec.model.path.name, "sha256": c.model_sha, "inputs": {k: list(v) for k, v in spec.model.inputs.items()}},
+            "data": {"sha256": c.data_sha, "samples": spec.data.samples, "gate_samples": spec.data.gate_samples},
+            "accuracy": {"metric": spec.accuracy.metric, "tolerance": spec.accuracy.tolerance, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol},
+            "objective": {"statistic": spec.objective.statistic, **_timing(c)},
+            "space": [{"name": p.name, "choices": list(p.choices), "default": p.default} for p in c.space.params],
+            "enumeration": {
+                "space_routes": self.total, "recorded_routes": len(self.routes), "subset_seed": self.seed if len(self.routes) < self.total else None,
+                "rounds": self.rounds, "rounds_complete": self._complete_rounds(done), "measured": sum(len(v) for v in done.values()),
+                "routes_with_differing_outputs": mismatches,
+            },
+        }
+
+
+def _timing(ctx: Context) -> dict[str, Any]:
+    o = ctx.spec.objective
+    return {"warmup_s": o.warmup_s, "min_repeats": o.min_repeats, "min_duration_s": o.min_duration_s}
+
+
+def _ordered(captured: dict[str, Outputs], feeds: list[str]) -> list[Outputs]:
+    missing = [k for k in feeds if k not in captured]
+    if missing:
+        raise TunerError(f"the child recorded no outputs for {len(missing)} feed(s)")
+    return [captured[k] for k in feeds]
+
+
+def _read_outputs(path: Path) -> list[Outputs]:
+    out: dict[int, Outputs] = {}
+    with np.load(path, allow_pickle=False) as npz:
+        for key in npz.files:
+            i, _, name = key.partition("/")
+            out.setdefault(int(i), {})[name] = npz[key]
+    return [out[i] for i in sorted(out)]
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _fmt(ms: float | None) -> str:
+    return f"{ms:8.3f} ms" if ms is not None else "       -   "
+
+
+def _short(route: Route) -> str:
+    return " ".join(f"{k}={v}" for k, v in route.items() if k != "provider")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(prog="python -m bench.landscape.record", description=__doc__.split("\n\n")[0])
+    p.add_argument("spec", type=Path, help="the study file whose (restricted) space is recorded")
+    p.add_argument("-o", "--out", type=Path, required=True, help="the landscape file to write (.json.gz)")
+    p.add_argument("--rounds", type=int, default=2, help="timing rounds per route (default 2)")
+    p.add_argument("--sample", type=int, default=None, help="record a random subset of this many routes")
+    p.add_argument("--seed", type=int, default=0, help="seed of the subset and of the visiting orders")
+    args = p.parse_args(argv)
+    try:
+        Recorder(args.spec, args.out, args.rounds, args.sample, args.seed).run(lambda s: print(s, flush=True))
+    except TunerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Winner confirmation: the interval statistics, the stored-artifact reuse, and a real study with nothing to find."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna_dashboard import get_note
+
+from tests.conftest import SpecWriter, tuner
+from tuner.spec import load_spec
+from tuner.store.cache import ResultStore
+from tuner.store.urls import normalize_url
+from tuner.study import confirm as C
+from tuner.study.reuse import WRAPPER, reuse_env
+from tuner.study.setup import Context
+from tuner.study.speedup import min_rounds, signed_rank_counts, speedup_interval
+from tuner.worker import job as J
+from tuner.worker.isolate import run_isolated
+from tuner.worker.loop import make_job
+
+SAME_ENGINE = "tests.backends:SameEngineBackend"
+
+
+def test_signed_rank_null_distribution_is_exact() -> None:
+    counts = signed_rank_counts(8)
+    assert sum(counts) == 2**8 and len(counts) == 8 * 9 // 2 + 1
+    assert counts == counts[::-1]  # symmetric
+    assert sum(counts[:4]) == 5  # P(T <= 3) = 5/256: the tabulated two-sided 5% critical value for n = 8
+    assert min_rounds(0.95) == 6 and min_rounds(0.99) == 8
+
+
+def test_interval_finds_a_real_speedup_and_contains_it() -> None:
+    rng = np.random.default_rng(1)
+    default = 10.0 * np.exp(rng.normal(0, 0.03, 8))
+    candidate = default / 1.2 * np.exp(rng.normal(0, 0.03, 8))
+    s = speedup_interval(default, candidate, 0.95)
+    assert s.significant and s.low <= 1.2 <= s.high
+    assert s.confidence >= 0.95 and s.rounds == 8
+
+
+def test_interval_rarely_invents_a_win_from_noise() -> None:
+    """Same distribution for both routes, 400 seeded studies: wins stay within the one-sided error rate."""
+    rng = np.random.default_rng(2)
+    wins = 0
+    for _ in range(400):
+        default, candidate = np.exp(rng.normal(0, 0.1, (2, 8)))
+        wins += speedup_interval(default, candidate, 0.95).significant
+    assert wins / 400 <= 0.04  # exact one-sided rate is 5/256 < 2%
+
+
+def test_too_few_rounds_are_refused() -> None:
+    with pytest.raises(ValueError, match="need at least 6"):
+        speedup_interval([1.0] * 5, [1.0] * 5, 0.95)
+    assert C.rounds_needed(0.95, 3) == 7  # Bonferroni: each of 3 intervals at 98.3%
+
+
+def _trial(number: int, noop: str, value: float, accuracy: float = -1.0) -> optuna.trial.FrozenTrial:
+    """A finished trial with the tuner's two constraints (feasible unless `accuracy` > 0)."""
+    t = optuna.trial.create_trial(params={"noop": noop}, distributions={"noop": CategoricalDistribution(["a", "b", "c"])},
+                                  value=value, constraints={"accuracy": accuracy, "failure": -1.0})
+    t.number = number
+    return t
+
+
+@pytest.mark.parametrize(("factor", "verdict"), [(1.25, C.SPEEDUP), (0.8, C.DEFAULT_FASTEST), (1.0, C.NO_SIGNIFICANT)])
+def test_judge_declares_a_win_only_when_the_interval_clears_one(factor: float, verdict: str) -> None:
+    rng = np.random.default_rng(3)
+    default = list(5.0 * np.exp(rng.normal(0, 0.02, 8)))
+    entries = [C.Entry(_trial(0, "a", 5.0), "default", default)]
+    entries += [C.Entry(_trial(n, noop, 4.0), f"trial {n}", list(np.array(default) / f * np.exp(rng.normal(0, 0.02, 8))))
+                for n, noop, f in ((1, "b", factor), (2, "c", min(factor, 1.0)))]
+    doc = C._judge(entries, 8, 0.95, "median")
+    assert doc["verdict"] == verdict, doc["message"]
+    assert (doc["winner_trial"] == 1) == (verdict == C.SPEEDUP)
+    assert len(doc["candidates"]) == 2 and all("low" in c and "high" in c for c in doc["candidates"])
+
+
+def test_candidates_are_feasible_distinct_and_not_the_default_route() -> None:
+    trials = [_trial(n, noop, value, acc) for n, noop, value, acc in
+              ((0, "a", 5.0, -1.0), (1, "b", 4.0, -1.0), (2, "b", 4.5, -1.0), (3, "a", 3.0, -1.0), (4, "c", 2.0, 0.5), (5, "c", 4.8, -1.0))]
+    assert [t.number for t in C.pick_candidates(trials, trials[0], 3)] == [1, 5]
+    assert [t.number for t in C.pick_candidates(trials, trials[0], 1)] == [1]
+
+
+def test_reuse_runs_the_stored_artifact_and_rebuilds_when_it_is_gone(write_spec: SpecWriter, tmp_path: Path) -> None:
+    ctx = Context(load_spec(write_spec(**{"backend.name": SAME_ENGINE})), f"sqlite:///{tmp_path / 'x.db'}")
+    route = ctx.space.default_route()
+    first = run_isolated(make_job(ctx, route, tmp_path / "a" / "out"), tmp_path / "a")
+    assert first.status == J.OK and first.build_s and first.build_s > 0
+    stored = Path(first.artifact_path or "")
+    job = make_job(ctx, route, tmp_path / "b" / "out")
+    job.backend = WRAPPER
+    again = run_isolated(job, tmp_path / "b", env=reuse_env(SAME_ENGINE, stored, first.artifact_sha256))
+    assert again.status == J.OK, again.message
+    assert again.build_s == 0.0 and again.artifact_path == str(stored) and "reusing stored artifact" in again.log
+    stored.write_bytes(b"tampered")
+    job.out_dir = str(tmp_path / "c" / "out")
+    rebuilt = run_isolated(job, tmp_path / "c", env=reuse_env(SAME_ENGINE, stored, first.artifact_sha256))
+    assert rebuilt.status == J.OK and rebuilt.build_s and rebuilt.build_s > 0
+    assert rebuilt.artifact_path != str(stored) and "rebuilding" in rebuilt.log
+
+
+@pytest.mark.slow
+def test_a_study_with_nothing_to_find_reports_no_win(write_spec: SpecWriter, pg_url: str) -> None:
+    spec = write_spec(**{"backend.name": SAME_ENGINE, "run.budget": 5, "run.startup_trials": 5})
+    url = normalize_url(pg_url)
+    run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-confidence", "0.99")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "confirmation: " in run.stdout and "x faster than the default" not in run.stdout, run.stdout
+
+    study = optuna.load_study(study_name="tiny", storage=url)
+    doc = study.user_attrs["confirmation"]
+    assert doc["verdict"] in (C.NO_SIGNIFICANT, C.DEFAULT_FASTEST), doc
+    assert doc["winner_trial"] is None and doc["rounds"] == 8 and doc["baseline_trial"] == 0
+    (cand,) = doc["candidates"]
+    assert cand["trial"] != 0 and cand["route"]["noop"] != "a"
+    assert cand["low"] <= cand["speedup"] <= cand["high"] and not cand["low"] > 1.0
+
+    confirm_runs = ResultStore(url).measurements("tiny", kind="confirm")
+    assert len(confirm_runs) == 16 and {m.trial_number for m in confirm_runs} == {0, cand["trial"]}
+    assert sorted(m.stats["round"] for m in confirm_runs) == sorted(list(range(8)) * 2)
+    assert len({m.result_key for m in confirm_runs}) == 1 and all(len(m.samples_ms) >= 5 for m in confirm_runs)
+
+    best = tuner("best", str(spec), "--storage", pg_url)
+    assert best.returncode == 0, best.stderr
+    assert "confirmation: " in best.stdout and "CI" in best.stdout
+    assert ("no significant speedup" in best.stdout) or ("already the fastest" in best.stdout)
+    assert json.loads(tuner("best", str(spec), "--storage", pg_url, "--json").stdout)["confirmation"]["verdict"] == doc["verdict"]
+
+    assert doc["message"] in get_note(optuna.load_study(study_name="tiny", storage=url))
+
+    too_few = tuner("run", str(spec), "--storage", pg_url, "--confirm-rounds", "3")
+    assert too_few.returncode == 2 and "--confirm-rounds 3 is too few" in too_few.stderr

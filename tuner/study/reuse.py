@@ -1,0 +1,77 @@
+"""Re-measure a trial's stored artifact instead of rebuilding it (for confirmation rounds).
+
+The trial child always calls `backend.build`; confirmation runs it with this wrapper as the backend
+(`tuner.study.reuse:StoredArtifactBackend`) and names the real backend and the kept artifact in the
+child's environment. `build` hands back the stored file when it is present with the recorded hash
+(else it really builds), and `load` rebuilds once when the real backend cannot load the stored file
+(e.g. an engine built for another device), so every round measures a working engine of the route.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tuner.backends import get_backend
+from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.space import Route, SearchSpace
+
+REUSE_ENV = "TUNER_REUSE_ARTIFACT"
+WRAPPER = "tuner.study.reuse:StoredArtifactBackend"
+
+
+def reuse_env(backend: str, artifact: Path | None, sha256: str | None) -> dict[str, str]:
+    """The child environment that makes `WRAPPER` stand for `backend` with the stored `artifact`."""
+    return {REUSE_ENV: json.dumps({"backend": backend, "path": str(artifact) if artifact else None, "sha256": sha256})}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class StoredArtifactBackend(Backend):
+    """The backend named in $TUNER_REUSE_ARTIFACT, reusing the artifact named there when it can."""
+
+    def __init__(self) -> None:
+        config: dict[str, Any] = json.loads(os.environ[REUSE_ENV])
+        self.inner = get_backend(config["backend"])
+        self.name = self.inner.name
+        self.stored = Path(config["path"]) if config.get("path") else None
+        self.sha256 = config.get("sha256")
+
+    def version(self) -> str:
+        return self.inner.version()
+
+    def device(self) -> dict[str, Any]:
+        return self.inner.device()
+
+    def space(self, model: ModelInfo) -> SearchSpace:
+        return self.inner.space(model)
+
+    def build(self, route: Route, ctx: BuildContext) -> Artifact:
+        """The stored artifact if it is intact, else a fresh build."""
+        if self.stored is not None and self.stored.is_file() and _sha256(self.stored) == self.sha256:
+            ctx.log(f"reusing stored artifact {self.stored.name}")
+            return Artifact(self.stored, 0.0, {"reused": True})
+        ctx.log("stored artifact missing or changed; rebuilding")
+        return self.inner.build(route, ctx)
+
+    def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
+        """Load it; a reused artifact that this machine cannot load is rebuilt once."""
+        try:
+            return self.inner.load(artifact, route, ctx)
+        except Exception as exc:  # backends raise their own types for foreign or stale engines
+            if not artifact.info.get("reused"):
+                raise
+            ctx.log(f"stored artifact does not load here ({type(exc).__name__}: {exc}); rebuilding")
+            return self.inner.load(self.inner.build(route, ctx), route, ctx)
+
+    def reproduce_command(self, route: Route) -> str | None:
+        return self.inner.reproduce_command(route)
