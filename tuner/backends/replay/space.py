@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from tuner.backends.replay.landscape import Landscape
-from tuner.space import Param, SearchSpace, Value
+from tuner.space import Param, SearchSpace
+from tuner.space.params import Value
 
 
 def replay_space(landscape: Landscape) -> SearchSpace:

@@ -1,0 +1,99 @@
+"""Every bad input: one clear line on stderr naming the file/field, a non-zero exit, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from tests.conftest import tuner
+
+SECRET = "s3cr3t-pw"
+
+
+def _tables(pg_url: str) -> list[str]:
+    conn = psycopg2.connect(pg_url)
+    with conn.cursor() as cur:
+        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        names = [r[0] for r in cur.fetchall()]
+    conn.close()
+    return names
+
+
+def _fails_cleanly(result, *needles: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+CASES = {
+    "missing model": ({"model.path": "nowhere.onnx"}, ("model.path", "not found")),
+    "negative tolerance": ({"accuracy.tolerance": -0.1}, ("accuracy.tolerance", ">= 0")),
+    "unknown metric": ({"accuracy.metric": "psnr"}, ("accuracy.metric", "max_abs")),
+    "unknown backend": ({"backend.name": "tvm"}, ("backend.name", "unknown backend 'tvm'")),
+    "unknown parameter": ({"backend.space": {"unroll": [1, 2]}}, ("backend.space.unroll", "unknown parameter")),
+    "value not offered": ({"backend.space": {"precision": ["fp32", "int4"]}}, ("backend.space.precision", "int4")),
+    "default dropped": ({"backend.space": {"precision": ["int8_static"]}}, ("backend.space.precision", "default")),
+    "wrong shape": ({"model.inputs": {"x": {"shape": [1, 3, 8, 8]}}}, ("model.inputs.x.shape", "does not match")),
+    "unknown input": ({"model.inputs": {"image": {"shape": [1, 3, 16, 16]}}}, ("model.inputs.image", "no such input")),
+    "zero budget": ({"run.budget": 0}, ("run.budget", ">= 1")),
+    "budget not an integer": ({"run.budget": "ten"}, ("run.budget", "integer")),
+    "unknown field": ({"run.trials": 3}, ("run.trials", "unknown field")),
+    "gate above samples": ({"data.gate_samples": 9}, ("data.gate_samples", "at most")),
+    "unknown sampler": ({"run.sampler": "cmaes"}, ("run.sampler", "tpe")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_study_file_fields(case: str, write_spec, pg_url) -> None:
+    overrides, needles = CASES[case]
+    spec = write_spec(**overrides)
+    _fails_cleanly(tuner("run", str(spec), "--storage", pg_url), spec.name, *needles)
+    assert _tables(pg_url) == []
+
+
+@pytest.mark.parametrize("content", [b"", b"this is not a protobuf at all \xff\xfe", None], ids=["empty", "garbage", "truncated"])
+def test_bad_model_files(content: bytes | None, write_spec, tiny_model: Path, pg_url) -> None:
+    data = tiny_model.read_bytes()
+    tiny_model.write_bytes(data[: len(data) // 2] if content is None else content)
+    spec = write_spec()
+    _fails_cleanly(tuner("run", str(spec), "--storage", pg_url), "model.path", "tiny.onnx")
+    assert _tables(pg_url) == []
+
+
+def test_bad_toml(tmp_path: Path) -> None:
+    spec = tmp_path / "broken.toml"
+    spec.write_text("[study\nname = 'x'\n")
+    _fails_cleanly(tuner("run", str(spec)), "broken.toml", "not valid TOML")
+
+
+def test_missing_study_file(tmp_path: Path) -> None:
+    _fails_cleanly(tuner("status", str(tmp_path / "absent.toml")), "absent.toml", "not found")
+
+
+def test_bad_data_file(write_spec, tmp_path: Path) -> None:
+    import numpy as np
+
+    np.savez(tmp_path / "data.npz", x=np.zeros((2, 3, 8, 8), np.float32))
+    spec = write_spec(**{"data.file": str(tmp_path / "data.npz")})
+    _fails_cleanly(tuner("run", str(spec)), "data.file", "shape")
+
+
+def test_unreachable_database_masks_the_password(write_spec, tmp_path: Path) -> None:
+    url = f"postgresql://tuner:{SECRET}@127.0.0.1:1/nothing"
+    spec = write_spec()
+    err = _fails_cleanly(tuner("run", str(spec), "--storage", url), "cannot connect", "tuner:***@127.0.0.1:1")
+    assert SECRET not in err
+    # the environment variable and the study file are masked the same way
+    err = _fails_cleanly(tuner("status", str(spec), env={"TUNER_STORAGE": url}), "***")
+    assert SECRET not in err
+    assert not (tmp_path / ".tuner").exists() or not list((tmp_path / ".tuner").rglob("*.db"))
+
+
+def test_status_of_a_study_that_does_not_exist(write_spec, sqlite_url) -> None:
+    _fails_cleanly(tuner("status", str(write_spec()), "--storage", sqlite_url), "does not exist", "tuner run")
