@@ -35,7 +35,13 @@ def run_job(job: J.Job, result_path: Path) -> J.Result:
     log: list[str] = []
     res = J.Result(status=J.CRASH_EXIT)
 
+    clock = {"t": time.perf_counter()}
+
     def phase(name: str) -> None:
+        now = time.perf_counter()
+        if res.phase:
+            res.phase_s[res.phase] = now - clock["t"]
+        clock["t"] = now
         res.phase = name
         result_path.write_text(res.to_json())
 
@@ -85,6 +91,7 @@ def run_job(job: J.Job, result_path: Path) -> J.Result:
         res.message = f"{type(exc).__name__}: {exc}"
         log.append(traceback.format_exc())
     finally:
+        res.phase_s[res.phase] = time.perf_counter() - clock["t"]
         res.log = "\n".join(log)[-20000:]
     return res
 

@@ -74,6 +74,7 @@ class Result:
     accuracy: float | None = None
     accuracy_per_output: dict[str, float] = field(default_factory=dict)
     timing_info: dict[str, Any] = field(default_factory=dict)
+    phase_s: dict[str, float] = field(default_factory=dict)  # seconds spent in build/load/gate/time/accuracy
     log: str = ""
 
     def to_json(self) -> str:

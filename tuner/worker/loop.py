@@ -79,6 +79,7 @@ class Worker:
         """Work until the budget is used up (and no other worker's trial may still be re-queued)."""
         done = 0
         while not self.stop.event.is_set():
+            started = time.perf_counter()
             for attempt in db_retry():
                 with attempt:
                     self.reap()
@@ -88,7 +89,7 @@ class Worker:
                     break
                 self.stop.event.wait(self.spec.run.heartbeat_s)  # others' trials may still be lost and re-queued
                 continue
-            self.evaluate_and_tell(trial)
+            self.evaluate_and_tell(trial, started)
             done += 1
         return done
 
@@ -132,8 +133,12 @@ class Worker:
 
     # -- one trial ----------------------------------------------------------------------------
 
-    def evaluate_and_tell(self, trial: optuna.Trial) -> None:
-        """Suggest the route, evaluate it (cache or child), record the outcome, release the lease."""
+    def evaluate_and_tell(self, trial: optuna.Trial, started: float) -> None:
+        """Suggest the route, evaluate it (cache or child), record the outcome, release the lease.
+
+        `started` is when this worker began reserving the trial; the time not spent inside the
+        child's build/check/time phases is recorded as the tuner's own overhead (`overhead_s`).
+        """
         route = self.ctx.space.suggest(trial)
         beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(trial._trial_id, beating), daemon=True)
@@ -145,6 +150,8 @@ class Worker:
             beat.join()
         if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT):
             result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
+        wall = time.perf_counter() - started
+        extra.update(trial_wall_s=round(wall, 4), overhead_s=round(wall - sum(result.phase_s.values()), 4))
         for attempt in db_retry():
             with attempt:
                 self._tell(trial, result, extra)

@@ -19,7 +19,8 @@ from typing import Any
 
 from tuner.backends.base import BuildError
 from tuner.errors import TunerError
-from tuner.space import Param, Value
+from tuner.space import Param
+from tuner.space.params import Value
 
 PREFIX = "knob:"
 BRACKETS = re.compile(r"=\[([^\]]*)\]\s*$")

@@ -1,0 +1,61 @@
+"""TensorRT backend: enterprise TensorRT 10.x/11.x (GPT build routes on 11.1+) and TensorRT-RTX 1.x.
+
+"Building" a route makes the precision variant, parses it, configures the builder (and the GPT route)
+and serializes the engine (`engine.plan`); "running" deserializes it after checking its sha256 and
+times `execute_async_v3` with CUDA events. TensorRT is imported lazily: on a machine without it every
+method that needs it raises TunerError with one clear line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.space import Route, SearchSpace
+
+
+class TensorRTBackend(Backend):
+    """Routes over TensorRT's builder knobs, ONNX precision variants and GPT compiler knobs."""
+
+    name = "tensorrt"
+
+    def version(self) -> str:
+        from tuner.backends.tensorrt.version import load_trt
+
+        return load_trt().label
+
+    def device(self) -> dict[str, Any]:
+        from tuner.backends.tensorrt.gpu import gpu_fingerprint
+        from tuner.backends.tensorrt.version import load_trt
+
+        return {**gpu_fingerprint(), "trt": load_trt().label}
+
+    def space(self, model: ModelInfo) -> SearchSpace:
+        from tuner.backends.tensorrt.probe import knob_database
+        from tuner.backends.tensorrt.space import trt_space
+        from tuner.backends.tensorrt.version import load_trt
+
+        api = load_trt()
+        return trt_space(api.features, model, knob_database(api))
+
+    def study_attrs(self, model: ModelInfo) -> dict[str, Any]:
+        """Recorded with a new study: the TensorRT module and its GPT knob database's version and default route."""
+        from tuner.backends.tensorrt.gpt import study_attrs
+        from tuner.backends.tensorrt.probe import knob_database
+        from tuner.backends.tensorrt.version import load_trt
+
+        api = load_trt()
+        return {"trt": api.label, **study_attrs(knob_database(api))}
+
+    def build(self, route: Route, ctx: BuildContext) -> Artifact:
+        from tuner.backends.tensorrt.build import build
+        from tuner.backends.tensorrt.cuda import device_facts
+        from tuner.backends.tensorrt.version import load_trt
+
+        return build(load_trt(), route, ctx, device_facts())
+
+    def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
+        from tuner.backends.tensorrt.run import TrtRunner
+        from tuner.backends.tensorrt.version import load_trt
+
+        return TrtRunner(load_trt(), artifact, bool(ctx.model.options.get("cuda_graph", True)))
