@@ -79,3 +79,28 @@ class SameEngineBackend(OnnxRuntimeBackend):
         pinned = [replace(p, choices=(1,), default=1) if p.name == "intra_op_threads" else replace(p, choices=(p.default,))
                   for p in super().space(model).params]
         return SearchSpace((*pinned, Param("noop", ("a", "b", "c", "d", "e", "f"), "a", "changes nothing")))
+
+
+class SkewedBackend(OnnxRuntimeBackend):
+    """ONNX Runtime where the int8 routes are made *fast and wrong* and fp32 routes slow.
+
+    Its runner adds `options.fp32_delay_ms` to every fp32 inference and perturbs the outputs of
+    int8 routes, so the unconstrained optimum is infeasible by construction.
+    """
+
+    name = "skewed"
+
+    def load(self, artifact: Artifact, route: Route, ctx: BuildContext):  # type: ignore[override]
+        runner = super().load(artifact, route, ctx)
+        delay = float(ctx.model.options.get("fp32_delay_ms", 5.0)) / 1000 if route["precision"] == "fp32" else 0.0
+        wrong = str(route["precision"]).startswith("int8")
+        inner = runner.infer
+
+        def infer(feed):  # noqa: ANN001, ANN202
+            out = inner(feed)
+            if delay:
+                time.sleep(delay)
+            return {k: -v for k, v in out.items()} if wrong else out
+
+        runner.infer = infer  # type: ignore[method-assign]
+        return runner

@@ -86,7 +86,7 @@ def _finite(v: float | None) -> float | str | None:
 def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance: float, statistic: str, attrs: dict[str, Any]) -> Judgement:
     """Write attributes and constraints, then tell Optuna how the trial ended."""
     j = judge(result, tolerance, statistic)
-    for key, value in attrs.items():
+    for key, value in {**attrs, "feasible": j.feasible}.items():  # "feasible": the dashboard shows no constraints
         trial.set_user_attr(key, value)
     for key, value in zip(CONSTRAINT_KEYS, j.constraints):
         trial.set_constraint(key, value)

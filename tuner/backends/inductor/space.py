@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.backends.base import BuildError, ModelInfo
-from tuner.space import Param, SearchSpace, Value
+from tuner.errors import TunerError
+from tuner.space import Param, SearchSpace
+from tuner.space.params import Value
 
 MODES_CUDA = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MODES_CPU = ("default", "max-autotune-no-cudagraphs")
@@ -72,7 +74,7 @@ def resolve_device(options: Mapping[str, Any]) -> str:
 
     wanted = str(options.get("device", "auto"))
     if wanted not in ("auto", "cuda", "cpu"):
-        raise BuildError(f"backend.options.device = {wanted!r}; expected 'auto', 'cuda' or 'cpu'")
+        raise TunerError(f"backend.options.device = {wanted!r}; expected 'auto', 'cuda' or 'cpu'")
     if wanted == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return wanted

@@ -109,10 +109,12 @@ def make_logger(trt: Any) -> Any:
             if int(severity) <= int(trt.ILogger.Severity.WARNING):
                 self.messages.append(f"{str(severity).rsplit('.', 1)[-1]}: {msg}")
 
-        def errors(self) -> str:
-            return " | ".join(m for m in self.messages if not m.startswith("WARNING"))[-2000:]
-
     return Logger()
+
+
+def logged_errors(logger: Any) -> str:
+    """The errors a `make_logger` logger kept, joined (the tail, if long)."""
+    return " | ".join(m for m in logger.messages if not m.startswith("WARNING"))[-2000:]
 
 
 def make_monitor(trt: Any, deadline_s: float | None) -> Any:
@@ -207,21 +209,21 @@ def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> 
     configure(trt, features, config, route, device)
     route_string = gpt_route(features, config, route)
     add_profile(builder, network, config, dict(ctx.model.input_shapes))
-    cache = TimingCache(str(ctx.model.options.get("timing_cache", "fresh")), ctx.work_dir, api.label)
-    cache.attach(config)
+    timing_cache = TimingCache(str(ctx.model.options.get("timing_cache", "fresh")), ctx.work_dir, api.label)
+    timing_cache.attach(config)
     monitor = make_monitor(trt, ctx.deadline_s)
     config.progress_monitor = monitor
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         if monitor.cancelled:
             raise BuildTimeout("build cancelled by the progress monitor: the trial's deadline passed")
-        raise BuildError(f"build_serialized_network returned None: {logger.errors() or 'no error logged'}")
-    cache.save(config)
+        raise BuildError(f"build_serialized_network returned None: {logged_errors(logger) or 'no error logged'}")
+    timing_cache.save(config)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     out = ctx.out_dir / "engine.plan"
     data = bytes(memoryview(serialized))
     out.write_bytes(data)
     return Artifact(out, time.perf_counter() - t0, {
         "sha256": hashlib.sha256(data).hexdigest(), "variant": variant.name, "trt": api.label,
-        "timing_cache": cache.policy, "build_route": route_string, "network_flags": network_flags(trt, features, route),
+        "timing_cache": timing_cache.policy, "build_route": route_string, "network_flags": network_flags(trt, features, route),
     })

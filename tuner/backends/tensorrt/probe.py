@@ -57,7 +57,7 @@ def _tiny_onnx(path: Path) -> Path:
 
 def _runtime_check(api: TrtApi) -> dict[str, Any]:
     """Build a one-Relu engine and try to deserialize it here."""
-    from tuner.backends.tensorrt.build import make_logger, parse
+    from tuner.backends.tensorrt.build import logged_errors, make_logger, parse
 
     trt = api.trt
     logger = make_logger(trt)
@@ -68,20 +68,20 @@ def _runtime_check(api: TrtApi) -> dict[str, Any]:
     config = builder.create_builder_config()
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        return {"builds": False, "runs": False, "reason": logger.errors() or "build_serialized_network returned None"}
+        return {"builds": False, "runs": False, "reason": logged_errors(logger) or "build_serialized_network returned None"}
     runtime = trt.Runtime(logger)
     try:
         engine = runtime.deserialize_cuda_engine(bytes(memoryview(serialized)))
     except Exception as exc:  # a refusal may raise instead of returning None
         return {"builds": True, "runs": False, "reason": f"{type(exc).__name__}: {exc}"}
     if engine is None:
-        return {"builds": True, "runs": False, "reason": logger.errors() or "deserialize_cuda_engine returned None"}
+        return {"builds": True, "runs": False, "reason": logged_errors(logger) or "deserialize_cuda_engine returned None"}
     return {"builds": True, "runs": True, "reason": ""}
 
 
 def report(runtime: bool) -> dict[str, Any]:
     """The probe's findings, in this process."""
-    from tuner.backends.tensorrt.build import make_logger
+    from tuner.backends.tensorrt.build import logged_errors, make_logger
 
     api = load_trt()
     trt = api.trt

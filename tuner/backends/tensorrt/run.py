@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tuner.backends.base import Artifact, Feed, Runner, RuntimeRefused
-from tuner.backends.tensorrt.build import make_logger
+from tuner.backends.tensorrt.build import logged_errors, make_logger
 from tuner.backends.tensorrt.cuda import DeviceArray, Graph
 from tuner.backends.tensorrt.version import TrtApi
 
@@ -44,10 +44,10 @@ class TrtRunner(Runner):
         except Exception as exc:  # the bindings raise on some refusals instead of returning None
             raise RuntimeRefused(f"{api.label} refused to deserialize the engine: {type(exc).__name__}: {exc}") from exc
         if engine is None:
-            raise RuntimeRefused(f"{api.label} refused to deserialize the engine on this GPU: {self.logger.errors() or 'no error logged'}")
+            raise RuntimeRefused(f"{api.label} refused to deserialize the engine on this GPU: {logged_errors(self.logger) or 'no error logged'}")
         context = engine.create_execution_context()
         if context is None:
-            raise RuntimeRefused(f"{api.label} could not create an execution context: {self.logger.errors() or 'no error logged'}")
+            raise RuntimeRefused(f"{api.label} could not create an execution context: {logged_errors(self.logger) or 'no error logged'}")
         self.runtime, self.engine, self.context = runtime, engine, context
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]

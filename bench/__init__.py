@@ -1,0 +1,1 @@
+"""Benchmarks: each prints ratios measured side by side in one run and writes bench/results/*.json."""

@@ -1,0 +1,44 @@
+"""A workload of fixed, known cost for benchmarking the tuner itself (not a compiler).
+
+Its "build" sleeps `options.build_s` seconds (a stand-in for compile time that needs no CPU) and
+copies the model; it then runs the real model with ONNX Runtime. Used by bench/scaling.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.device import cpu_fingerprint
+from tuner.space import Param, Route, SearchSpace
+
+
+class FixedCostBackend(Backend):
+    """Routes that all cost `build_s` seconds to build and run the same real model."""
+
+    name = "fixed-cost"
+
+    def version(self) -> str:
+        return "1"
+
+    def device(self) -> dict[str, Any]:
+        return cpu_fingerprint()
+
+    def space(self, model: ModelInfo) -> SearchSpace:
+        return SearchSpace((Param("a", tuple(range(8)), 0), Param("b", tuple(range(8)), 0), Param("c", tuple(range(8)), 0)))
+
+    def build(self, route: Route, ctx: BuildContext) -> Artifact:
+        t0 = time.perf_counter()
+        time.sleep(float(ctx.model.options.get("build_s", 1.0)))
+        ctx.out_dir.mkdir(parents=True, exist_ok=True)
+        out = ctx.out_dir / "engine.onnx"
+        shutil.copyfile(ctx.model.path, out)
+        return Artifact(out, time.perf_counter() - t0)
+
+    def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
+        from tuner.backends.onnxruntime.run import OrtRunner
+
+        return OrtRunner(artifact, {"provider": "cpu", "execution_mode": "sequential", "intra_op_threads": 1,
+                                    "cpu_mem_arena": True, "mem_pattern": True})

@@ -1,0 +1,220 @@
+"""Landscape recording (real ONNX Runtime builds in real child processes) and the strategy benchmark on it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.landscape.oracle import Oracle
+from bench.landscape.record import Recorder
+from bench.landscape.score import ratio_curve, score, summarise
+from bench.landscape.strategies import STRATEGIES, Evaluator, Step, gpt_fast
+from tests.conftest import REPO, to_toml
+from tests.models import conv_model
+from tuner.backends.replay.landscape import load_landscape
+from tuner.backends.replay.space import replay_space
+from tuner.measure.accuracy import Tolerances, compare, worst
+from tuner.spec import load_spec
+from tuner.space import route_hash
+from tuner.study.setup import Context
+from tuner.worker import job as J
+
+SPACE = {"precision": ["fp32", "int8_dynamic"], "graph_optimization_level": ["all", "disabled"], "execution_mode": ["sequential"],
+         "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True]}  # 6 routes
+
+
+def write_tiny_study(directory: Path, backend: str = "onnxruntime", options: dict | None = None, **space: list) -> Path:
+    """A study on the tiny CNN whose space is SPACE (6 routes), for recording."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model = conv_model(directory / "tiny.onnx")
+    doc = {
+        "study": {"name": "tiny-landscape"},
+        "model": {"path": str(model)},
+        "data": {"samples": 4, "gate_samples": 2},
+        "accuracy": {"metric": "cosine", "tolerance": 0.001},
+        "objective": {"warmup_s": 0.0, "min_repeats": 5, "min_duration_s": 0.01},
+        "backend": {"name": backend, "options": options or {}, "space": {**SPACE, **space}},
+        "run": {"budget": 4, "trial_timeout_s": 60.0},
+    }
+    path = directory / "study.toml"
+    path.write_text(to_toml(doc))
+    return path
+
+
+def record_tiny_landscape(directory: Path, rounds: int = 2) -> tuple[Path, Path]:
+    """Record the tiny study's 6 routes with real ONNX Runtime builds. Returns (study file, landscape file)."""
+    spec = write_tiny_study(directory)
+    out = directory / "tiny.json.gz"
+    Recorder(spec, out, rounds).run(log=lambda s: None)
+    return spec, out
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return record_tiny_landscape(tmp_path_factory.mktemp("landscape"))
+
+
+def test_every_route_is_recorded_with_outputs_samples_and_environment(recorded) -> None:
+    spec_path, path = recorded
+    ctx = Context(load_spec(spec_path), "")
+    land = load_landscape(path)
+    with gzip.open(path, "rt") as f:
+        assert json.load(f)["format"] == "route-tuner-landscape/1"
+    assert sorted(p.key for p in land.points) == sorted(route_hash(r) for r in ctx.space.routes())
+    assert land.meta["enumeration"] == {"space_routes": 6, "recorded_routes": 6, "subset_seed": None, "rounds": 2,
+                                        "rounds_complete": 2, "measured": 12, "routes_with_differing_outputs": 0}
+    assert land.meta["environment"]["device"]["cores"] >= 1 and land.meta["backend"]["name"] == "onnxruntime"
+    for p in land.points:
+        assert [r.status for r in p.rounds] == [J.OK, J.OK]
+        assert all(len(r.samples_ms) >= 5 and min(r.samples_ms) > 0 for r in p.rounds)
+        assert len(land.outputs[p.outputs]) == 4  # one output set per feed
+    # identical engines share one stored output set: threads never change numerics, variants do
+    assert 2 <= len(land.outputs) <= 4
+
+
+def test_recorded_outputs_reproduce_the_childs_own_accuracy(recorded) -> None:
+    spec_path, path = recorded
+    ctx = Context(load_spec(spec_path), "")
+    land = load_landscape(path)
+    journal = [json.loads(line) for line in (ctx.work_dir / "landscape" / "journal.jsonl").read_text().splitlines()[1:]]
+    for entry in journal:
+        point = land.point(entry["route"])
+        again = worst(compare("cosine", land.outputs[point.outputs], land.reference, Tolerances()))
+        assert again == pytest.approx(entry["accuracy"], rel=1e-9, abs=1e-12)
+    int8 = [e["accuracy"] for e in journal if e["route"]["precision"] == "int8_dynamic"]
+    assert min(int8) > 0  # quantization really changed the outputs that were captured
+
+
+def test_recording_resumes_from_its_journal(recorded) -> None:
+    spec_path, path = recorded
+    before = load_landscape(path).meta["enumeration"]["measured"]
+    Recorder(spec_path, path, rounds=2).run(log=lambda s: None)  # nothing left to do
+    assert load_landscape(path).meta["enumeration"]["measured"] == before == 12
+
+
+def test_failures_are_recorded_with_their_class_and_deterministic_ones_not_rerun(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import the stand-in backend from tests/
+    spec = write_tiny_study(tmp_path, backend="tests.backends:FaultBackend",
+                            options={"marker_dir": str(tmp_path / "markers"), "faults": {"0": "segfault", "1": "error"}},
+                            graph_optimization_level=["all"])  # 3 routes
+    out = tmp_path / "faults.json.gz"
+    Recorder(spec, out, rounds=2).run(log=lambda s: None)
+    land = load_landscape(out)
+    statuses = sorted(tuple(r.status for r in p.rounds) for p in land.points)
+    # build 0 crashed (re-run in round 2, where it built), build 1 failed to build (not re-run)
+    assert statuses == sorted([(J.CRASH_SIGNAL, J.OK), (J.BUILD_ERROR,), (J.OK, J.OK)])
+    crashed = next(p for p in land.points if p.rounds[0].status == J.CRASH_SIGNAL)
+    assert "SIGSEGV" in crashed.rounds[0].message and crashed.rounds[0].phase == "build"
+
+
+def test_a_random_subset_is_recorded_and_stated(tmp_path: Path) -> None:
+    spec = write_tiny_study(tmp_path)
+    land = Recorder(spec, tmp_path / "sub.json.gz", rounds=1, sample=2, seed=3).run(log=lambda s: None)
+    assert len(land.points) == 2
+    assert land.meta["enumeration"]["subset_seed"] == 3 and land.meta["enumeration"]["space_routes"] == 6
+
+
+def test_replay_space_reproduces_the_recorded_conditions(recorded) -> None:
+    spec_path, path = recorded
+    original = Context(load_spec(spec_path), "").space
+    space = replay_space(load_landscape(path))
+    assert space.default_route() == original.default_route()
+    assert sorted(map(route_hash, space.routes())) == sorted(map(route_hash, original.routes()))
+    assert space.check({"provider": "cpu", "precision": "bf16"}) == "route not in the landscape"
+
+
+# -- the benchmark on the recorded landscape ------------------------------------------------------
+
+
+def test_oracle_answers_like_the_child(recorded) -> None:
+    land = load_landscape(recorded[1])
+    strict = Oracle(land, tolerance=1e-5)
+    loose = Oracle(land, tolerance=1.0)
+    int8 = next(p for p in land.points if p.route["precision"] == "int8_dynamic")
+    rng = np.random.default_rng(0)
+    assert strict.evaluate(int8.route, rng).status == J.GATE_FAILED
+    r = loose.evaluate(int8.route, rng)
+    assert r.status == J.OK and min(int8.rounds[0].samples_ms + int8.rounds[1].samples_ms) <= r.latency["median"]
+    assert len(loose.truth) == 6 and len(strict.truth) == 2  # only the fp32 routes match (to rounding)
+    assert strict.best == min(strict.truth.values())
+
+
+def test_evaluator_counts_only_distinct_routes_as_builds(recorded) -> None:
+    oracle = Oracle(load_landscape(recorded[1]), tolerance=1.0)
+    route = oracle.space.default_route()
+    ev = Evaluator(oracle, np.random.default_rng(0), budget=10)
+    ev(route)
+    ev(route)
+    assert ev.builds == 1 and [s.build for s in ev.steps] == [True, False]
+    assert ev.steps[0].value == ev.steps[1].value  # a cache hit repeats the stored measurement
+    nocache = Evaluator(oracle, np.random.default_rng(0), budget=10, cache=False)
+    nocache(route)
+    nocache(route)
+    assert nocache.builds == 2
+
+
+def test_gpt_fast_builds_the_default_plus_one_knob_at_a_time(recorded) -> None:
+    oracle = Oracle(load_landscape(recorded[1]), tolerance=1.0)
+    ev = Evaluator(oracle, np.random.default_rng(0), budget=100, gate=False)
+    gpt_fast(oracle, ev)
+    # knobs active in the default route with more than one value: precision (2), graph level (2)
+    assert ev.builds == 1 + 1 + 1
+
+
+@pytest.mark.parametrize("name", [n for n in STRATEGIES if n != "gp"])
+def test_every_strategy_spends_builds_on_distinct_routes_and_is_scored(recorded, name: str) -> None:
+    oracle = Oracle(load_landscape(recorded[1]), tolerance=1.0)
+    steps = STRATEGIES[name].trace(oracle, budget=6, seed=1)
+    built = [s for s in steps if s.build]
+    assert 1 <= len(built) <= 6
+    if STRATEGIES[name].cache:
+        assert len({s.key for s in built}) == len(built)
+    result = score(steps, oracle, budget=6)
+    assert result["builds"] == len(built) and len(result["curve"]) == len(built)
+    if len({s.key for s in built}) == 6:  # saw every route: it must have chosen the best (routes differ by > 2x)
+        assert result["curve"][-1] == pytest.approx(1.0) and result["builds_to_2pct"] <= 6
+
+
+def test_scores_of_a_known_sequence(recorded) -> None:
+    oracle = Oracle(load_landscape(recorded[1]), tolerance=1.0)
+    by_value = sorted(oracle.truth, key=oracle.truth.__getitem__)
+    best, worst_key = by_value[0], by_value[-1]
+    steps = [
+        Step("x", True, J.BUILD_ERROR, None, False),
+        Step(worst_key, True, J.OK, oracle.truth[worst_key], True),
+        Step(worst_key, False, J.OK, oracle.truth[worst_key], True),
+        Step(best, True, J.OK, oracle.truth[best], True),
+    ]
+    curve = ratio_curve(steps, oracle)
+    assert curve[0] == math.inf and curve[2] == pytest.approx(1.0)
+    s = score(steps, oracle, budget=25)
+    assert s["builds_to_2pct"] == 3 and s["wasted_fraction"] == pytest.approx(1 / 3)
+    assert s["regret_at_25"] == pytest.approx(0.0)
+    assert summarise([1, 3, None, 5, None]) == {"median": 5.0, "q25": 3.0, "q75": None, "n": 5, "reached": 3}
+    assert summarise([1, 2, 3]) == {"median": 2.0, "q25": 1.5, "q75": 2.5, "n": 3, "reached": 3}
+
+
+def test_the_benchmark_command_writes_json_markdown_and_png(recorded, tmp_path: Path) -> None:
+    script = f"""
+import sys; sys.argv = ['x']
+sys.path.insert(0, {str(REPO)!r})
+import bench.search_efficiency as se
+se.SCENARIOS = (se.Scenario('tiny', {str(recorded[1])!r}, 1.0), se.Scenario('tiny-strict', {str(recorded[1])!r}, 1e-5))
+sys.exit(se.main(['--seeds', '2', '--budget', '6', '--strategies', 'ours', 'random', 'gpt-fast',
+                  '--json', {str(tmp_path / 'r.json')!r}, '--markdown', {str(tmp_path / 'r.md')!r}, '--png', {str(tmp_path / 'r.png')!r}]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert set(doc["results"]) == {"tiny", "tiny-strict"} and set(doc["results"]["tiny"]) == {"ours", "random", "gpt-fast"}
+    assert len(doc["results"]["tiny"]["ours"]["runs"]) == 2
+    md = (tmp_path / "r.md").read_text()
+    assert "<!-- results:begin -->" in md and "| `gpt-fast` |" in md
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,61 @@
+"""Study behaviour end to end on the real ONNX Runtime backend: feasibility, baseline, reports."""
+
+from __future__ import annotations
+
+import json
+
+from optuna.trial import TrialState
+
+from tests.conftest import tuner
+from tests.helpers import status, trials
+
+SPACE = {"precision": ["fp32", "int8_static", "int8_dynamic"], "graph_optimization_level": ["all"], "execution_mode": ["sequential"],
+         "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True]}
+
+
+def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write_spec, pg_url) -> None:
+    spec = write_spec(**{"backend.name": "tests.backends:SkewedBackend", "backend.space": SPACE, "run.budget": 8,
+                         "data.gate_samples": 4, "run.sampler": "random"})
+    run = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
+    assert run.returncode == 0, run.stderr
+    ts = [t for t in trials(pg_url, "tiny") if t.state.is_finished()]
+    int8 = [t for t in ts if str(t.params.get("precision", "")).startswith("int8")]
+    assert int8 and all(t.user_attrs["failure_class"] in ("accuracy-gate", "accuracy") for t in int8)
+    assert all(t.state == TrialState.PRUNED and t.constraints["accuracy"] > 0 for t in int8)
+    best = json.loads(tuner("best", str(spec), "--storage", pg_url, "--json").stdout)
+    assert set(best) >= {"study", "trial", "route", "value", "baseline_value", "speedup", "accuracy", "feasible"}
+    assert best["feasible"] is True and best["route"]["precision"] == "fp32"
+    assert best["accuracy"]["value"] <= best["accuracy"]["tolerance"]
+    s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
+    assert set(s) >= {"study", "budget", "complete", "pruned", "failed", "running", "waiting", "feasible", "best_value", "baseline_value"}
+    assert s["budget"] == 8 and s["complete"] + s["pruned"] + s["failed"] == 8
+    assert s["best_value"] == best["value"]
+
+
+def test_baseline_is_the_first_trial_once_across_restarts(write_spec, sqlite_url) -> None:
+    spec = write_spec(**{"run.budget": 2})
+    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    assert tuner("run", str(spec), "--storage", sqlite_url, "--trials", "3", "--no-confirm").returncode == 0
+    ts = sorted(trials(sqlite_url, "tiny"), key=lambda t: t.number)
+    baselines = [t for t in ts if t.user_attrs.get("source") == "baseline"]
+    assert [t.number for t in baselines] == [0]
+    assert ts[0].params["precision"] == "fp32" and ts[0].params["graph_optimization_level"] == "all"
+
+
+def test_export_writes_engine_route_and_reproduction(write_spec, sqlite_url, tmp_path) -> None:
+    spec = write_spec(**{"run.budget": 2})
+    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    out = tmp_path / "export"
+    result = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads((out / "best.json").read_text())
+    route = json.loads((out / "route.json").read_text())
+    assert route == doc["route"]
+    import hashlib
+
+    assert hashlib.sha256((out / "engine.onnx").read_bytes()).hexdigest() == doc["artifact_sha256"]
+    script = (out / "reproduce.sh").read_text()
+    assert "tuner build" in script and "route.json" in script
+    rebuilt = tuner("build", str(spec), "--route", str(out / "route.json"), "--out", str(tmp_path / "rebuilt"))
+    assert rebuilt.returncode == 0, rebuilt.stderr + rebuilt.stdout
+    assert (tmp_path / "rebuilt" / "engine.onnx").exists()

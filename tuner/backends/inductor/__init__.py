@@ -1,0 +1,59 @@
+"""PyTorch Inductor backend: torch.compile routes on CUDA GPUs (Triton kernels, CUDA graphs) and on the CPU.
+
+The model is the study's ONNX file converted with onnx2torch, or the module returned by
+backend.options.module = "pkg.mod:fn". "Building" a route compiles it and runs the warm-up calls
+that trigger every compilation; the artifact is the Inductor cache that compilation wrote (see
+`build`). Options: `device` ("auto" | "cuda" | "cpu"), `module`, and `inductor_config` (a table of
+extra `torch._inductor.config` switches applied to every route). torch is imported only when the
+backend is used: `import tuner` works without it.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.device import cpu_fingerprint
+from tuner.errors import TunerError
+from tuner.space import Route, SearchSpace
+
+
+class InductorBackend(Backend):
+    """Routes over torch.compile modes, precision, memory format and Inductor configuration switches."""
+
+    name = "inductor"
+
+    def version(self) -> str:
+        parts = []
+        for dist in ("torch", "onnx2torch"):
+            try:
+                parts.append(f"{dist}=={metadata.version(dist)}")
+            except metadata.PackageNotFoundError:
+                if dist == "torch":
+                    raise TunerError("the inductor backend needs PyTorch: pip install 'route-tuner[inductor]'") from None
+        return " ".join(parts)
+
+    def device(self) -> dict[str, Any]:
+        import torch
+
+        out: dict[str, Any] = {**cpu_fingerprint(), "torch": torch.__version__}
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            out.update(gpu=torch.cuda.get_device_name(0), capability=f"{major}.{minor}", cuda=torch.version.cuda)
+        return out
+
+    def space(self, model: ModelInfo) -> SearchSpace:
+        from tuner.backends.inductor.space import inductor_space
+
+        return inductor_space(model)
+
+    def build(self, route: Route, ctx: BuildContext) -> Artifact:
+        from tuner.backends.inductor.build import build
+
+        return build(route, ctx)
+
+    def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
+        from tuner.backends.inductor.run import load
+
+        return load(artifact, route, ctx)

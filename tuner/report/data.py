@@ -1,0 +1,121 @@
+"""What a study report shows, read once from the study, the tuner's tables and the study file."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.store.cache import ResultStore
+from tuner.store.models import Measurement
+from tuner.study.outcome import is_feasible
+from tuner.study.setup import Context
+from tuner.study.summary import Summary, failure_class, summarize_study
+
+MIN_IMPORTANCE_TRIALS = 4  # fewer feasible trials say nothing about which knob matters
+
+
+@dataclass
+class TrialRow:
+    """One finished trial as the report needs it."""
+
+    number: int
+    state: str
+    value: float | None
+    feasible: bool
+    outcome: str  # "feasible", "infeasible" (timed but over tolerance) or the failure class
+    accuracy: float | None
+    params: dict[str, Any]
+    cache_key: str
+
+
+@dataclass
+class ReportData:
+    """Everything the plots and the HTML page are drawn from."""
+
+    study: str
+    statistic: str
+    metric: str
+    tolerance: float
+    summary: Summary
+    trials: list[TrialRow]
+    confirmation: dict[str, Any] | None
+    samples: dict[str, list[float]] = field(default_factory=dict)  # "default"/"winner" -> raw latency samples (ms)
+    samples_kind: str = "trial"  # "confirm" when they come from the confirmation rounds
+    winner: int | None = None
+    importances: dict[str, float] = field(default_factory=dict)
+    importance_note: str = ""
+
+
+def _float(value: Any) -> float | None:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _row(t: FrozenTrial) -> TrialRow:
+    feasible = is_feasible(t)
+    cls = failure_class(t)
+    outcome = "feasible" if feasible else ("infeasible" if t.state == TrialState.COMPLETE else cls or t.state.name.lower())
+    return TrialRow(t.number, t.state.name, t.value if t.state == TrialState.COMPLETE else None, feasible, outcome,
+                    _float((t.user_attrs.get("accuracy") or {}).get("value")), dict(t.params), str(t.user_attrs.get("cache_key", "")))
+
+
+def importances(trials: list[FrozenTrial]) -> tuple[dict[str, float], str]:
+    """Parameter importances over the feasible COMPLETE trials, or ({}, why not)."""
+    feasible = [t for t in trials if is_feasible(t)]
+    varied = sorted({name for t in feasible for name in t.params if len({str(u.params.get(name)) for u in feasible}) > 1})
+    if len(feasible) < MIN_IMPORTANCE_TRIALS or not varied:
+        why = f"{len(feasible)} feasible trial(s)" if len(feasible) < MIN_IMPORTANCE_TRIALS else "no parameter varies among the feasible trials"
+        return {}, f"not enough data for parameter importance: {why} (need {MIN_IMPORTANCE_TRIALS} with a varying parameter)"
+    copy = optuna.create_study(direction="minimize")
+    copy.add_trials(feasible)
+    return optuna.importance.get_param_importances(copy, params=varied), ""
+
+
+def _samples(measurements: list[Measurement], trial: TrialRow | None, kind: str, number: int | None) -> list[float]:
+    """Raw samples of one route: confirmation runs by trial number, study runs by cache key."""
+    if trial is None:
+        return []
+    if kind == "confirm":
+        picked = [m for m in measurements if m.kind == "confirm" and m.trial_number == number]
+    else:
+        picked = [m for m in measurements if m.kind == "trial" and trial.cache_key and m.result_key.startswith(trial.cache_key)][:1]
+    return [float(s) for m in picked for s in m.samples_ms]
+
+
+def _latest_confirm_run(measurements: list[Measurement]) -> list[Measurement]:
+    confirms = [m for m in measurements if m.kind == "confirm"]
+    return [m for m in confirms if m.result_key == confirms[-1].result_key] if confirms else []
+
+
+def collect(ctx: Context, study: optuna.Study) -> ReportData:
+    """Read the study for a report."""
+    frozen = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    summary = summarize_study(study)
+    confirmation = study.user_attrs.get("confirmation")
+    rows = [_row(t) for t in frozen]
+    by_number = {r.number: r for r in rows}
+    winner = (confirmation or {}).get("winner_trial") or (summary.best.number if summary.best else None)
+    baseline = summary.baseline.number if summary.baseline else None
+    measurements = ResultStore(ctx.url).measurements(ctx.spec.study)
+    confirm_run = _latest_confirm_run(measurements)
+    confirmed = {m.trial_number for m in confirm_run}
+    kind = "confirm" if baseline in confirmed and winner in confirmed else "trial"
+    pool = confirm_run if kind == "confirm" else measurements
+    data = ReportData(
+        study=ctx.spec.study, statistic=ctx.spec.objective.statistic, metric=ctx.spec.accuracy.metric,
+        tolerance=ctx.spec.accuracy.tolerance, summary=summary, trials=rows, confirmation=confirmation,
+        samples_kind=kind, winner=winner,
+    )
+    data.samples = {
+        "default": _samples(pool, by_number.get(baseline) if baseline is not None else None, kind, baseline),
+        "winner": _samples(pool, by_number.get(winner) if winner is not None else None, kind, winner),
+    }
+    data.importances, data.importance_note = importances(frozen)
+    return data

@@ -1,0 +1,171 @@
+"""The report's figures (matplotlib's object API with the Agg canvas: no display, no global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from tuner.report.data import ReportData, TrialRow
+
+FEASIBLE, INFEASIBLE, DEFAULT, WINNER = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"
+OUTCOME_COLORS = {"feasible": FEASIBLE, "infeasible": INFEASIBLE, "accuracy-gate": "#ff7f0e", "accuracy": INFEASIBLE}
+DPI = 110
+
+
+def _figure(width: float = 8.0, height: float = 4.5) -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _message(ax: Axes, text: str) -> None:
+    """Say why a plot is empty instead of drawing an empty frame."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes, fontsize=11, color="#444444")
+    ax.set_axis_off()
+
+
+def _timed(data: ReportData) -> list[TrialRow]:
+    return [t for t in data.trials if t.value is not None]
+
+
+def history(data: ReportData) -> Figure:
+    """Latency per trial, feasible vs infeasible, with the best feasible so far and the default route."""
+    fig, ax = _figure()
+    timed = _timed(data)
+    if not timed:
+        _message(ax, "no trial has been timed yet")
+        return fig
+    for feasible, color, marker, label in ((True, FEASIBLE, "o", "feasible"), (False, INFEASIBLE, "x", "infeasible (over tolerance)")):
+        pts = [t for t in timed if t.feasible == feasible]
+        if pts:
+            ax.scatter([t.number for t in pts], [t.value for t in pts], c=color, marker=marker, s=28, label=label, zorder=3)
+    best, xs, ys = None, [], []
+    for t in sorted(data.trials, key=lambda t: t.number):
+        if t.feasible and t.value is not None and (best is None or t.value < best):
+            best = t.value
+        if best is not None:
+            xs.append(t.number)
+            ys.append(best)
+    if xs:
+        ax.step(xs, ys, where="post", color=WINNER, lw=1.8, label="best feasible so far")
+    if data.summary.baseline_value is not None:
+        ax.axhline(data.summary.baseline_value, color=DEFAULT, ls="--", lw=1.2, label=f"default route ({data.summary.baseline_value:.4g} ms)")
+    untimed = [t for t in data.trials if t.value is None]
+    if untimed:
+        ax.plot([t.number for t in untimed], [0] * len(untimed), "|", color="#ff7f0e", ms=14, mew=2, transform=ax.get_xaxis_transform(),
+                label=f"not timed: failed or gate-rejected ({len(untimed)})", clip_on=False)
+    ax.set(title=f"Optimisation history: {data.study}", xlabel="trial number", ylabel=f"{data.statistic} latency (ms)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+def latency_distribution(data: ReportData) -> Figure:
+    """Raw latency samples of the default route and the winner."""
+    fig, ax = _figure()
+    same = data.summary.baseline is not None and data.winner == data.summary.baseline.number
+    series = [(f"default (trial {data.summary.baseline.number})" if data.summary.baseline else "default", data.samples.get("default", []), DEFAULT)]
+    if not same:
+        series.append((f"winner (trial {data.winner})", data.samples.get("winner", []), WINNER))
+    series = [s for s in series if s[1]]
+    if not series:
+        _message(ax, "no raw latency samples stored for the default route or the winner")
+        return fig
+    values = np.concatenate([np.asarray(s[1]) for s in series])
+    hi = float(np.percentile(values, 99))
+    bins = np.linspace(float(values.min()), hi, 50)
+    for label, samples, color in series:
+        arr = np.asarray(samples)
+        ax.hist(np.clip(arr, None, hi), bins=bins, alpha=0.55, color=color, label=f"{label}: median {np.median(arr):.4g} ms, n={arr.size}")
+        ax.axvline(float(np.median(arr)), color=color, lw=1.5)
+    source = "confirmation rounds (fresh processes, interleaved)" if data.samples_kind == "confirm" else "the study's timing runs"
+    title = "Latency distribution" + (": the default route is the winner" if same else ": default vs winner")
+    ax.set(title=title, xlabel="latency (ms), clipped at the 99th percentile", ylabel="samples")
+    conf = data.confirmation or {}
+    if conf.get("ci"):
+        ax.text(0.99, 0.6, f"speedup {conf['speedup']:.3f}x\n{conf['confidence']:.0%} CI {conf['ci'][0]:.3f}x-{conf['ci'][1]:.3f}x",
+                ha="right", transform=ax.transAxes, fontsize=9, bbox={"fc": "white", "ec": "#999999"})
+    ax.legend(fontsize=8, title=f"samples from {source}", title_fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def accuracy_vs_latency(data: ReportData) -> Figure:
+    """Accuracy metric against latency with the tolerance line: the feasible region is left of it."""
+    fig, ax = _figure()
+    pts = [t for t in _timed(data) if t.accuracy is not None]
+    if not pts:
+        _message(ax, "no timed trial has an accuracy value")
+        return fig
+    floor = data.tolerance * 1e-6 if data.tolerance > 0 else 1e-12
+    log = all(t.accuracy >= 0 for t in pts)  # type: ignore[operator]
+    for t in pts:
+        ax.scatter(max(t.accuracy, floor) if log else t.accuracy, t.value, c=FEASIBLE if t.feasible else INFEASIBLE,  # type: ignore[type-var]
+                   marker="o" if t.feasible else "x", s=30, zorder=3)
+        if data.summary.baseline and t.number in (data.summary.baseline.number, data.winner):
+            ax.annotate("default" if t.number == data.summary.baseline.number else "winner", (max(t.accuracy, floor) if log else t.accuracy, t.value),  # type: ignore[type-var]
+                        textcoords="offset points", xytext=(6, 6), fontsize=8)
+    if log:
+        ax.set_xscale("log")
+    ax.axvline(data.tolerance, color=INFEASIBLE, ls="--", lw=1.2, label=f"tolerance {data.tolerance:g}")
+    ax.scatter([], [], c=FEASIBLE, marker="o", label="feasible")
+    ax.scatter([], [], c=INFEASIBLE, marker="x", label="over tolerance")
+    ax.set(title="Accuracy vs latency", xlabel=f"{data.metric} (lower is closer to the fp32 reference)" + (", log scale" if log else ""),
+           ylabel=f"{data.statistic} latency (ms)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def importance(data: ReportData) -> Figure:
+    """Parameter importance over the feasible trials (or why there is none)."""
+    fig, ax = _figure(8.0, 3.8)
+    if not data.importances:
+        _message(ax, data.importance_note)
+        return fig
+    names = list(data.importances)[::-1]
+    ax.barh(names, [data.importances[n] for n in names], color=FEASIBLE)
+    ax.set(title="Parameter importance (PED-ANOVA over feasible trials)", xlabel="importance (sums to 1)")
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+def failure_classes(data: ReportData) -> Figure:
+    """Cumulative count of each outcome over the trials: where the search spends its budget."""
+    fig, ax = _figure()
+    rows = sorted(data.trials, key=lambda t: t.number)
+    if not rows:
+        _message(ax, "no finished trial yet")
+        return fig
+    outcomes = sorted({t.outcome for t in rows}, key=lambda o: (o != "feasible", o != "infeasible", o))
+    x = [t.number for t in rows]
+    stacks = [np.cumsum([t.outcome == o for t in rows]) for o in outcomes]
+    palette = iter(["#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f"])
+    colors = [OUTCOME_COLORS.get(o) or next(palette, "#333333") for o in outcomes]
+    ax.stackplot(x, *stacks, labels=[f"{o} ({int(s[-1])})" for o, s in zip(outcomes, stacks)], colors=colors, alpha=0.85, step="post")
+    ax.set(title="Outcomes over time (cumulative)", xlabel="trial number", ylabel="trials")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+FIGURES: dict[str, Callable[[ReportData], Figure]] = {
+    "history": history,
+    "latency_distribution": latency_distribution,
+    "accuracy_vs_latency": accuracy_vs_latency,
+    "importance": importance,
+    "failure_classes": failure_classes,
+}
+
+
+def save_all(data: ReportData, out: Path) -> dict[str, Path]:
+    """Draw every figure to `out/<name>.png`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, draw in FIGURES.items():
+        paths[name] = out / f"{name}.png"
+        draw(data).savefig(paths[name])
+    return paths
