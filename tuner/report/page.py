@@ -1,0 +1,94 @@
+"""The report as one self-contained HTML page (figures embedded as base64 PNG)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timezone
+from html import escape
+from pathlib import Path
+
+from tuner.report.data import ReportData
+
+CAPTIONS = {
+    "history": "Every timed trial's latency; red crosses broke the accuracy tolerance, ticks at the bottom are trials that failed or were rejected by the accuracy gate before timing.",
+    "latency_distribution": "Raw latency samples of the default route and the winner.",
+    "accuracy_vs_latency": "Accuracy against latency; only routes left of the tolerance line are candidates.",
+    "importance": "Which knobs explain the latency of the feasible routes.",
+    "failure_classes": "How the budget was spent: outcomes accumulated over the trials.",
+}
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222;padding:0 1em}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px}
+th{background:#f3f3f3}.verdict{padding:.8em 1em;border-left:5px solid #2ca02c;background:#f4fbf4}
+.verdict.none{border-color:#999;background:#f6f6f6}figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:14px}
+code{background:#f3f3f3;padding:1px 4px}"""
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g} ms"
+
+
+def _rows(pairs: list[tuple[str, str]]) -> str:
+    return "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in pairs)
+
+
+def _headline(data: ReportData) -> str:
+    s = data.summary
+    pairs = [
+        ("trials finished", f"{s.complete + s.pruned + s.failed} of budget {s.budget}"),
+        ("feasible / infeasible / failed", f"{s.feasible} / {s.infeasible} / {s.failed}"),
+        ("best feasible", f"trial {s.best.number}: {_ms(s.best_value)}" if s.best else "none"),
+        ("default route", f"trial {s.baseline.number}: {_ms(s.baseline_value)}" if s.baseline else "not run"),
+        ("speedup as measured in the study", f"{s.speedup:.3f}x" if s.speedup else "-"),
+        ("objective", f"{data.statistic} latency; accuracy {data.metric} <= {data.tolerance:g}"),
+    ]
+    return f"<table>{_rows(pairs)}</table>"
+
+
+def _verdict(data: ReportData) -> str:
+    conf = data.confirmation
+    if not conf:
+        return ('<p class="verdict none">Not confirmed: each route was timed once in the study. '
+                "<code>tuner run</code> re-measures the top candidates against the default when the budget is spent.</p>")
+    cls = "verdict" if conf.get("verdict") == "speedup" else "verdict none"
+    detail = f"<br><small>{escape(str(conf.get('method', '')))}; {conf.get('created_at', '')}</small>" if conf.get("method") else ""
+    return f'<p class="{cls}"><b>Confirmation:</b> {escape(str(conf.get("message", conf.get("verdict"))))}{detail}</p>'
+
+
+def _top_trials(data: ReportData, limit: int = 10) -> str:
+    top = sorted((t for t in data.trials if t.feasible), key=lambda t: (t.value, t.number))[:limit]
+    if not top:
+        return "<p>No feasible trial.</p>"
+    base = data.summary.baseline_value
+    head = "<tr><th>trial</th><th>latency</th><th>vs default</th><th>accuracy</th><th>route</th></tr>"
+    body = "".join(
+        f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{f'{base / t.value:.3f}x' if base and t.value else '-'}</td>"
+        f"<td>{'-' if t.accuracy is None else f'{t.accuracy:.3g}'}</td>"
+        f"<td><code>{escape(', '.join(f'{k}={v}' for k, v in t.params.items()))}</code></td></tr>"
+        for t in top
+    )
+    return f"<table>{head}{body}</table>"
+
+
+def _failures(data: ReportData) -> str:
+    classes = data.summary.failure_classes
+    if not classes:
+        return "<p>No trial failed.</p>"
+    return f"<table><tr><th>failure class</th><th>trials</th></tr>{''.join(f'<tr><td>{escape(k)}</td><td>{v}</td></tr>' for k, v in sorted(classes.items()))}</table>"
+
+
+def render(data: ReportData, figures: dict[str, Path]) -> str:
+    """The whole page."""
+    images = "".join(
+        f'<figure><img alt="{escape(name)}" src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">'
+        f"<figcaption>{escape(CAPTIONS.get(name, ''))}</figcaption></figure>"
+        for name, path in figures.items()
+    )
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Route Tuner report: {escape(data.study)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>Route Tuner report: {escape(data.study)}</h1>"
+        f"{_verdict(data)}<h2>Summary</h2>{_headline(data)}<h2>Fastest feasible routes</h2>{_top_trials(data)}"
+        f"<h2>Failures</h2>{_failures(data)}<h2>Figures</h2>{images}"
+        f"<p><small>Generated {stamp} by route-tuner. Export the winner with <code>tuner best SPEC --export DIR</code>.</small></p>"
+        "</body></html>"
+    )
