@@ -2,29 +2,32 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+HASH := $(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+CORE := $(VENV)/.core-$(HASH)
+TESTDEPS := $(VENV)/.test-$(HASH)
 
-.PHONY: demo test venv test-deps clean
+.PHONY: demo test clean
 
-$(STAMP):
+$(CORE):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: the CPU wheel (never a multi-GB CUDA build) for the inductor backend's tests
+	$(PY) -m pip install -q -e .
+	rm -f $(VENV)/.core-*
+	touch $@
+
+$(TESTDEPS): $(CORE)
+	# torch pinned first: the CPU wheel (never a multi-GB CUDA build) for the inductor backend's tests
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e '.[dev,inductor]'
-	rm -f $(VENV)/.installed-*
-	touch $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	rm -f $(VENV)/.test-*
+	touch $@
 
-venv: $(STAMP)
-
-demo: venv
+demo: $(CORE)
 	$(VENV)/bin/tuner run studies/efficientnet_lite0.toml
 	$(VENV)/bin/tuner best studies/efficientnet_lite0.toml
 
-test-deps: venv
-	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
-
-test: test-deps
+test: $(TESTDEPS)
 	$(PY) -m pytest -q
 
 clean:
