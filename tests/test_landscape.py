@@ -30,12 +30,13 @@ SPACE = {"precision": ["fp32", "int8_dynamic"], "graph_optimization_level": ["al
          "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True]}  # 6 routes
 
 
-def write_tiny_study(directory: Path, backend: str = "onnxruntime", options: dict | None = None, **space: list) -> Path:
-    """A study on the tiny CNN whose space is SPACE (6 routes), for recording."""
+def write_tiny_study(directory: Path, backend: str = "onnxruntime", options: dict | None = None, name: str = "study.toml",
+                     study: str = "tiny-landscape", **space: list) -> Path:
+    """A study on the tiny CNN (same bytes every time) whose space is SPACE (6 routes)."""
     directory.mkdir(parents=True, exist_ok=True)
     model = conv_model(directory / "tiny.onnx")
     doc = {
-        "study": {"name": "tiny-landscape"},
+        "study": {"name": study},
         "model": {"path": str(model)},
         "data": {"samples": 4, "gate_samples": 2},
         "accuracy": {"metric": "cosine", "tolerance": 0.001},
@@ -43,7 +44,7 @@ def write_tiny_study(directory: Path, backend: str = "onnxruntime", options: dic
         "backend": {"name": backend, "options": options or {}, "space": {**SPACE, **space}},
         "run": {"budget": 4, "trial_timeout_s": 60.0},
     }
-    path = directory / "study.toml"
+    path = directory / name
     path.write_text(to_toml(doc))
     return path
 

@@ -8,16 +8,21 @@ C string literal. This script reads them two ways:
 * **Bare names**: every identifier-shaped, NUL-terminated string in `.rodata`. A name TensorRT
   registers is always among them; so are argument names and a few unrelated identifiers.
 * **Qualified names** (`Owner.member`): from the disassembly (`objdump -d -C`), a name is attributed
-  to the class whose pybind11 registration uses it. Three kinds of evidence count:
-  1. in a `tensorrt::bind*(pybind11::module_&)` body, identifier strings loaded after the previous call
-     and before a call of `pybind11::class_<X>::def*` / `pybind11::enum_<X>::value` (or before a
-     reference to a `cpp_function::initialize<...>` whose callable takes an `X&`/`X*`) belong to X;
-  2. identifier strings loaded inside a registration function specialised for X (a `def*`/`value`
-     clone where the compiler propagated the name constant) belong to X;
-  3. `:ivar name:` lines of a docstring attributed to X in the same way name X's properties.
-  The attribution is a heuristic: it misses a name the compiler loaded once and reused, and it can
-  attribute an argument name (e.g. `pool`) to the class of the method that takes it. It never
-  invents a name that is not in the module.
+  to the class whose pybind11 registration uses it. Evidence, in a `tensorrt::bind*(pybind11::module_&)`
+  body, for identifier strings loaded since the last attribution:
+  1. a reference to a `pybind11::cpp_function::initialize<...>` whose callable takes an `X&`/`X*`
+     (the method being bound belongs to X);
+  2. a call of `pybind11::class_<X>::def*` / `pybind11::enum_<X>::value`; the class of a cpp_function
+     made just before wins over X, because identical-code folding can name another class's copy;
+  3. `:ivar name:` lines of a class docstring attributed in the same way name X's properties;
+  and identifier strings loaded inside a registration function specialised for X (a clone where the
+  compiler propagated the name constant) belong to X.
+  This is a heuristic. It misses a name the compiler loaded once and reused; it also attributes
+  argument names (e.g. `pool`) to the class of the method that takes them, and now and then a member
+  to a second, wrong class (seen: `IErrorRecorder.all_build_routes` beside the right
+  `IBuilderConfig.all_build_routes`). So a qualified line is evidence, not proof; both of its parts
+  are always real strings of the module. Owners are Python names: the C++ name after its namespaces, with the
+  few documented renames in ALIASES (IBuilder -> Builder, IRuntime -> Runtime, IParser -> OnnxParser).
 
 Usage: python tools/trt_api/extract_names.py WHEEL_OR_SO OUT.txt   (needs `objdump` from binutils)
 """
@@ -123,14 +128,10 @@ def python_owner(cpp_type: str) -> str:
     return ".".join(parts)
 
 
-def registration_owner(symbol: str) -> tuple[str, bool] | None:
-    """(owner C++ type, is-constructor) when `symbol` is a pybind11 class_/enum_ registration function."""
+def registration_owner(symbol: str) -> str | None:
+    """The bound C++ type when `symbol` is a pybind11 class_/enum_ registration function."""
     m = OWNER_FN.match(symbol)
-    if not m:
-        return None
-    owner = first_template_arg(symbol, m.group(0))
-    ctor = bool(re.search(r">::(class_|enum_)[<(]", symbol))
-    return owner, ctor
+    return first_template_arg(symbol, m.group(0)) if m else None
 
 
 def attribute(lines: list[str], strings: Strings) -> tuple[dict[str, set[str]], set[str]]:
@@ -138,7 +139,7 @@ def attribute(lines: list[str], strings: Strings) -> tuple[dict[str, set[str]], 
     members: dict[str, set[str]] = defaultdict(set)
     referenced: set[str] = set()
     context: str | None = None  # "bind" or "clone"
-    clone_owner: tuple[str, bool] | None = None
+    clone_owner: str | None = None
     pending: list[str] = []
     docs: list[str] = []  # class docstrings survive the internal calls of an inlined class_ constructor
 
@@ -163,7 +164,7 @@ def attribute(lines: list[str], strings: Strings) -> tuple[dict[str, set[str]], 
         if text is not None and IDENT.fullmatch(text):
             referenced.add(text)  # merged string tails ("Builder" inside "IBuilder") start after no NUL
         if context == "clone" and clone_owner and text is not None:
-            give(clone_owner[0], [text])
+            give(clone_owner, [text])
         elif context == "bind" and text is not None:
             (pending if IDENT.fullmatch(text) else docs).append(text)
         elif context == "bind" and lea and lea.group(2) and "cpp_function::initialize<" in lea.group(2):
@@ -177,7 +178,7 @@ def attribute(lines: list[str], strings: Strings) -> tuple[dict[str, set[str]], 
             if reg:
                 # Identical-code folding can name another class's copy of a registration function, so
                 # the class of the cpp_function just made wins over the call target's class.
-                give(last_self or reg[0], pending + docs)
+                give(last_self or reg, pending + docs)
                 pending, docs, last_self = [], [], None
     return members, referenced
 

@@ -7,7 +7,7 @@ import sys
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
-from tuner.cli import build, dashboard, db, report, results, run
+from tuner.cli import build, dashboard, db, probe, report, results, run
 from tuner.cli.common import err_console
 from tuner.errors import TunerError
 
@@ -20,6 +20,7 @@ app.command("space")(results.space)
 app.command("build")(build.build)
 app.command("dashboard")(dashboard.dashboard)
 app.command("report")(report.report)
+app.command("probe")(probe.probe)
 app.add_typer(db.app, name="db")
 
 

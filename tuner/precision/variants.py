@@ -38,14 +38,18 @@ class VariantOptions:
     precision: str = "fp32"
     keep_fp32: str = "sensitive"  # fp16/bf16: a key of BLOCK_LISTS
     per_channel: bool = True  # int8/fp8 static
-    calibration: str = "minmax"  # int8/fp8 static: minmax | percentile | entropy
+    calibration: str = "minmax"  # int8 static: minmax | percentile | entropy (fp8 always uses distribution)
+    # Q/DQ as TensorRT's explicit quantization takes it: symmetric (zero points 0) and fp32 biases.
+    tensorrt_qdq: bool = False
 
     def normalised(self) -> VariantOptions:
         """The same variant with irrelevant fields at fixed values (so equal variants hash equally)."""
         if self.precision in ("fp16", "bf16"):
             return VariantOptions(self.precision, self.keep_fp32, True, "minmax")
-        if self.precision in ("int8_static", "fp8_static"):
-            return VariantOptions(self.precision, "none", self.per_channel, self.calibration)
+        if self.precision == "int8_static":
+            return VariantOptions(self.precision, "none", self.per_channel, self.calibration, self.tensorrt_qdq)
+        if self.precision == "fp8_static":
+            return VariantOptions(self.precision, "none", False, "distribution", self.tensorrt_qdq)
         if self.precision == "int8_dynamic":
             return VariantOptions(self.precision, "none", self.per_channel, "minmax")
         return VariantOptions("fp32", "none", True, "minmax")
@@ -85,7 +89,14 @@ def _cast(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> No
     converted = convert_float_to_float16(m, keep_io_types=True, op_block_list=block or None, disable_shape_infer=False)
     if opts.precision == "bf16":
         converted = _fp16_to_bf16(converted)
+    _topological_sort(converted)  # the converter appends Cast nodes; strict parsers (TensorRT) need sorted graphs
     onnx.save(converted, str(out))
+
+
+def _topological_sort(model: object) -> None:
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    OnnxModel(model).topological_sort()
 
 
 def _fp16_to_bf16(model: object) -> object:
@@ -132,7 +143,8 @@ def _static(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> 
         def rewind(self) -> None:
             self._it = iter(feeds)
 
-    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[opts.calibration]
+    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy,
+              "distribution": CalibrationMethod.Distribution}[opts.calibration]
     fp8 = opts.precision == "fp8_static"
     qtype = QuantType.QFLOAT8E4M3FN if fp8 else QuantType.QInt8
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,7 +156,8 @@ def _static(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> 
         quantize_static(
             str(prep), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=opts.per_channel and not fp8,
             activation_type=qtype, weight_type=qtype, calibrate_method=method,
-            extra_options={"DefaultTensorType": _float_type(), "ActivationSymmetric": fp8, "WeightSymmetric": True},
+            extra_options={"DefaultTensorType": _float_type(), "ActivationSymmetric": fp8 or opts.tensorrt_qdq,
+                           "WeightSymmetric": True, "QuantizeBias": not opts.tensorrt_qdq},
         )
 
 

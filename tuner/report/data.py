@@ -43,9 +43,10 @@ class ReportData:
     summary: Summary
     trials: list[TrialRow]
     confirmation: dict[str, Any] | None
-    samples: dict[str, list[float]] = field(default_factory=dict)  # "default"/"winner" -> raw latency samples (ms)
+    samples: dict[str, list[float]] = field(default_factory=dict)  # "default"/"contender" -> raw latency samples (ms)
     samples_kind: str = "trial"  # "confirm" when they come from the confirmation rounds
-    winner: int | None = None
+    contender: int | None = None  # the trial compared with the default: confirmed winner, best candidate or best feasible
+    contender_role: str = "best feasible"
     importances: dict[str, float] = field(default_factory=dict)
     importance_note: str = ""
 
@@ -101,21 +102,23 @@ def collect(ctx: Context, study: optuna.Study) -> ReportData:
     confirmation = study.user_attrs.get("confirmation")
     rows = [_row(t) for t in frozen]
     by_number = {r.number: r for r in rows}
-    winner = (confirmation or {}).get("winner_trial") or (summary.best.number if summary.best else None)
+    conf = confirmation or {}
+    contender = conf["trial"] if conf.get("trial") is not None else (summary.best.number if summary.best else None)
+    role = "winner" if conf.get("winner_trial") is not None else "best candidate" if conf.get("trial") is not None else "best feasible"
     baseline = summary.baseline.number if summary.baseline else None
     measurements = ResultStore(ctx.url).measurements(ctx.spec.study)
     confirm_run = _latest_confirm_run(measurements)
     confirmed = {m.trial_number for m in confirm_run}
-    kind = "confirm" if baseline in confirmed and winner in confirmed else "trial"
+    kind = "confirm" if baseline in confirmed and contender in confirmed else "trial"
     pool = confirm_run if kind == "confirm" else measurements
     data = ReportData(
         study=ctx.spec.study, statistic=ctx.spec.objective.statistic, metric=ctx.spec.accuracy.metric,
         tolerance=ctx.spec.accuracy.tolerance, summary=summary, trials=rows, confirmation=confirmation,
-        samples_kind=kind, winner=winner,
+        samples_kind=kind, contender=contender, contender_role=role,
     )
     data.samples = {
         "default": _samples(pool, by_number.get(baseline) if baseline is not None else None, kind, baseline),
-        "winner": _samples(pool, by_number.get(winner) if winner is not None else None, kind, winner),
+        "contender": _samples(pool, by_number.get(contender) if contender is not None else None, kind, contender),
     }
     data.importances, data.importance_note = importances(frozen)
     return data

@@ -7,17 +7,19 @@ from datetime import datetime, timezone
 from html import escape
 from pathlib import Path
 
-from tuner.report.data import ReportData
+from tuner.report.data import ReportData, TrialRow
+from tuner.space import canonical_route
 
 CAPTIONS = {
     "history": "Every timed trial's latency; red crosses broke the accuracy tolerance, ticks at the bottom are trials that failed or were rejected by the accuracy gate before timing.",
-    "latency_distribution": "Raw latency samples of the default route and the winner.",
+    "latency_distribution": "Raw latency samples of the default route and the route compared with it (the confirmed winner, else the best candidate).",
     "accuracy_vs_latency": "Accuracy against latency; only routes left of the tolerance line are candidates.",
     "importance": "Which knobs explain the latency of the feasible routes.",
     "failure_classes": "How the budget was spent: outcomes accumulated over the trials.",
 }
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222;padding:0 1em}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px;white-space:nowrap}
+td.route{white-space:normal}
 th{background:#f3f3f3}.verdict{padding:.8em 1em;border-left:5px solid #2ca02c;background:#f4fbf4}
 .verdict.none{border-color:#999;background:#f6f6f6}figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:14px}
 code{background:#f3f3f3;padding:1px 4px}"""
@@ -55,16 +57,20 @@ def _verdict(data: ReportData) -> str:
 
 
 def _top_trials(data: ReportData, limit: int = 10) -> str:
-    top = sorted((t for t in data.trials if t.feasible), key=lambda t: (t.value, t.number))[:limit]
-    if not top:
+    """The fastest feasible routes, each once (repeats of a route are listed in its row)."""
+    routes: dict[str, list[TrialRow]] = {}
+    for t in sorted((t for t in data.trials if t.feasible), key=lambda t: (t.value, t.number)):
+        routes.setdefault(canonical_route(t.params), []).append(t)
+    if not routes:
         return "<p>No feasible trial.</p>"
     base = data.summary.baseline_value
-    head = "<tr><th>trial</th><th>latency</th><th>vs default</th><th>accuracy</th><th>route</th></tr>"
+    head = "<tr><th>trial</th><th>latency</th><th>vs default</th><th>accuracy</th><th>route</th><th>same route in</th></tr>"
     body = "".join(
         f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{f'{base / t.value:.3f}x' if base and t.value else '-'}</td>"
         f"<td>{'-' if t.accuracy is None else f'{t.accuracy:.3g}'}</td>"
-        f"<td><code>{escape(', '.join(f'{k}={v}' for k, v in t.params.items()))}</code></td></tr>"
-        for t in top
+        f"<td class=\"route\"><code>{escape(', '.join(f'{k}={v}' for k, v in t.params.items()))}</code></td>"
+        f"<td class=\"route\">{', '.join(str(r.number) for r in rest) or '-'}</td></tr>"
+        for t, *rest in list(routes.values())[:limit]
     )
     return f"<table>{head}{body}</table>"
 

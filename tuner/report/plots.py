@@ -31,6 +31,15 @@ def _timed(data: ReportData) -> list[TrialRow]:
     return [t for t in data.trials if t.value is not None]
 
 
+def _latency_axis(ax: Axes, data: ReportData, values: list[float]) -> None:
+    """Label the latency axis; a log scale when slow outliers would flatten everything else."""
+    positive = [v for v in values if v > 0]
+    log = bool(positive) and max(positive) / min(positive) > 20
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(f"{data.statistic} latency (ms)" + (", log scale" if log else ""))
+
+
 def history(data: ReportData) -> Figure:
     """Latency per trial, feasible vs infeasible, with the best feasible so far and the default route."""
     fig, ax = _figure()
@@ -57,36 +66,38 @@ def history(data: ReportData) -> Figure:
     if untimed:
         ax.plot([t.number for t in untimed], [0] * len(untimed), "|", color="#ff7f0e", ms=14, mew=2, transform=ax.get_xaxis_transform(),
                 label=f"not timed: failed or gate-rejected ({len(untimed)})", clip_on=False)
-    ax.set(title=f"Optimisation history: {data.study}", xlabel="trial number", ylabel=f"{data.statistic} latency (ms)")
+    ax.set(title=f"Optimisation history: {data.study}", xlabel="trial number")
+    _latency_axis(ax, data, [t.value for t in timed if t.value is not None])
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="best")
     return fig
 
 
 def latency_distribution(data: ReportData) -> Figure:
-    """Raw latency samples of the default route and the winner."""
+    """Raw latency samples of the default route and the trial compared with it."""
     fig, ax = _figure()
-    same = data.summary.baseline is not None and data.winner == data.summary.baseline.number
-    series = [(f"default (trial {data.summary.baseline.number})" if data.summary.baseline else "default", data.samples.get("default", []), DEFAULT)]
+    base = data.summary.baseline
+    same = base is not None and data.contender == base.number
+    series = [(f"default (trial {base.number})" if base else "default", data.samples.get("default", []), DEFAULT)]
     if not same:
-        series.append((f"winner (trial {data.winner})", data.samples.get("winner", []), WINNER))
+        series.append((f"{data.contender_role} (trial {data.contender})", data.samples.get("contender", []), WINNER))
     series = [s for s in series if s[1]]
     if not series:
-        _message(ax, "no raw latency samples stored for the default route or the winner")
+        _message(ax, "no raw latency samples stored for the default route or the best route")
         return fig
     values = np.concatenate([np.asarray(s[1]) for s in series])
-    hi = float(np.percentile(values, 99))
-    bins = np.linspace(float(values.min()), hi, 50)
+    lo, hi = float(values.min()), float(np.percentile(values, 99))
+    bins = np.linspace(lo, hi, 50)
     for label, samples, color in series:
         arr = np.asarray(samples)
-        ax.hist(np.clip(arr, None, hi), bins=bins, alpha=0.55, color=color, label=f"{label}: median {np.median(arr):.4g} ms, n={arr.size}")
+        ax.hist(arr[arr <= hi], bins=bins, density=True, alpha=0.55, color=color, label=f"{label}: median {np.median(arr):.4g} ms, n={arr.size}")
         ax.axvline(float(np.median(arr)), color=color, lw=1.5)
     source = "confirmation rounds (fresh processes, interleaved)" if data.samples_kind == "confirm" else "the study's timing runs"
-    title = "Latency distribution" + (": the default route is the winner" if same else ": default vs winner")
-    ax.set(title=title, xlabel="latency (ms), clipped at the 99th percentile", ylabel="samples")
+    title = "Latency distribution" + (": the default route is the best feasible" if same else f": default vs {data.contender_role}")
+    ax.set(title=title, xlabel=f"latency (ms); {int((values > hi).sum())} samples above the 99th percentile not shown", ylabel="density")
     conf = data.confirmation or {}
-    if conf.get("ci"):
-        ax.text(0.99, 0.6, f"speedup {conf['speedup']:.3f}x\n{conf['confidence']:.0%} CI {conf['ci'][0]:.3f}x-{conf['ci'][1]:.3f}x",
+    if conf.get("ci") and not same:
+        ax.text(0.99, 0.55, f"speedup {conf['speedup']:.3f}x\n{conf['confidence']:.0%} CI {conf['ci'][0]:.3f}x-{conf['ci'][1]:.3f}x",
                 ha="right", transform=ax.transAxes, fontsize=9, bbox={"fc": "white", "ec": "#999999"})
     ax.legend(fontsize=8, title=f"samples from {source}", title_fontsize=8)
     ax.grid(alpha=0.3)
@@ -97,25 +108,37 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
     """Accuracy metric against latency with the tolerance line: the feasible region is left of it."""
     fig, ax = _figure()
     pts = [t for t in _timed(data) if t.accuracy is not None]
+    gated = [t for t in data.trials if t.value is None and t.accuracy is not None]  # rejected before timing
     if not pts:
         _message(ax, "no timed trial has an accuracy value")
         return fig
-    floor = data.tolerance * 1e-6 if data.tolerance > 0 else 1e-12
-    log = all(t.accuracy >= 0 for t in pts)  # type: ignore[operator]
+    log = all(t.accuracy >= 0 for t in pts + gated) and data.tolerance > 0  # type: ignore[operator]
+    floor = min([float(t.accuracy) for t in pts + gated if t.accuracy] + [data.tolerance]) / 10  # type: ignore[arg-type]
+
+    def x_of(t: TrialRow) -> float:
+        return (float(t.accuracy) or floor) if log else float(t.accuracy)  # type: ignore[arg-type]  # exact 0 -> a decade below
+
+    for feasible, color, marker, label in ((True, FEASIBLE, "o", "feasible"), (False, INFEASIBLE, "x", "over tolerance")):
+        chosen = [t for t in pts if t.feasible == feasible]
+        ax.scatter([x_of(t) for t in chosen], [t.value for t in chosen], c=color, marker=marker, s=30, zorder=3, label=label)
+    if gated:
+        ax.plot([x_of(t) for t in gated], [0] * len(gated), "|", color="#ff7f0e", ms=14, mew=2, transform=ax.get_xaxis_transform(),
+                clip_on=False, label=f"rejected by the accuracy gate, not timed ({len(gated)})")
+    names = {data.summary.baseline.number: "default"} if data.summary.baseline else {}
+    if data.contender is not None and data.contender not in names:
+        names[data.contender] = data.contender_role
     for t in pts:
-        ax.scatter(max(t.accuracy, floor) if log else t.accuracy, t.value, c=FEASIBLE if t.feasible else INFEASIBLE,  # type: ignore[type-var]
-                   marker="o" if t.feasible else "x", s=30, zorder=3)
-        if data.summary.baseline and t.number in (data.summary.baseline.number, data.winner):
-            ax.annotate("default" if t.number == data.summary.baseline.number else "winner", (max(t.accuracy, floor) if log else t.accuracy, t.value),  # type: ignore[type-var]
-                        textcoords="offset points", xytext=(6, 6), fontsize=8)
+        if t.number in names:
+            below = names[t.number] != "default"  # default above the point, the other below: they often coincide
+            ax.annotate(f"{names[t.number]} (#{t.number})", (x_of(t), t.value), textcoords="offset points", xytext=(6, -12 if below else 6), fontsize=8)
     if log:
+        xs = [x_of(t) for t in pts + gated]
+        ax.set_xlim(min(min(xs), data.tolerance) / 10, max(max(xs), data.tolerance) * 10)
         ax.set_xscale("log")
     ax.axvline(data.tolerance, color=INFEASIBLE, ls="--", lw=1.2, label=f"tolerance {data.tolerance:g}")
-    ax.scatter([], [], c=FEASIBLE, marker="o", label="feasible")
-    ax.scatter([], [], c=INFEASIBLE, marker="x", label="over tolerance")
-    ax.set(title="Accuracy vs latency", xlabel=f"{data.metric} (lower is closer to the fp32 reference)" + (", log scale" if log else ""),
-           ylabel=f"{data.statistic} latency (ms)")
-    ax.legend(fontsize=8)
+    ax.set(title="Accuracy vs latency", xlabel=f"{data.metric} vs the fp32 reference (lower is closer)" + (", log scale" if log else ""))
+    _latency_axis(ax, data, [t.value for t in pts if t.value is not None])
+    ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     return fig
 

@@ -47,6 +47,19 @@ class TensorRTBackend(Backend):
         api = load_trt()
         return {"trt": api.label, **study_attrs(knob_database(api))}
 
+    def capabilities(self) -> dict[str, Any]:
+        """For `tuner probe`: GPT knob database and whether engines built here also run here (a child process)."""
+        from tuner.backends.tensorrt.gpt import parse_knob_database
+        from tuner.backends.tensorrt.probe import probe
+
+        found = probe(runtime=True)
+        db = parse_knob_database(found["all_build_routes"])
+        runtime = found["runtime"]
+        return {
+            "gpt": f"{len(db.knobs)} knobs (tuner {db.tuner_version})" if db.knobs else "not available (all_build_routes is empty)",
+            "runtime": "engines built here run here" if runtime["runs"] else f"refused: {runtime['reason']}",
+        }
+
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         from tuner.backends.tensorrt.build import build
         from tuner.backends.tensorrt.cuda import device_facts

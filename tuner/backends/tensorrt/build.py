@@ -197,7 +197,7 @@ def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> 
     trt, features = api.trt, api.features
     t0 = time.perf_counter()
     try:
-        variant = make_variant(ctx.model.path, VariantOptions(str(route["precision"]), str(route.get("keep_fp32", "none"))),
+        variant = make_variant(ctx.model.path, VariantOptions(str(route["precision"]), str(route.get("keep_fp32", "none")), tensorrt_qdq=True),
                                ctx.calibration, ctx.work_dir / "variants")
     except Exception as exc:  # quantizers and converters raise many types; all mean "no such variant"
         raise BuildError(f"precision variant {route['precision']}: {type(exc).__name__}: {exc}") from exc

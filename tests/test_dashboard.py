@@ -1,0 +1,156 @@
+"""`tuner dashboard`: what a user sees in optuna-dashboard for a finished study, in real headless Chromium.
+
+Needs Debian's `chromium` (/usr/bin/chromium; `make test-deps` installs it) and Playwright for Python,
+driving that browser: `playwright install` is never run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna_dashboard import get_note
+from playwright.sync_api import Page, expect, sync_playwright
+
+from tests.conftest import REPO, SpecWriter, tuner
+from tests.helpers import start_tuner
+from tuner.cli.dashboard import FeasibleBestStorage, is_loopback
+from tuner.store.urls import normalize_url
+from tuner.study.summary import summarize_study
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = REPO / "test-artifacts"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_until_serving(url: str, proc: subprocess.Popen[bytes], limit_s: float = 60) -> None:
+    """Block until the dashboard answers `url` (fail if the process exits or the limit passes)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"tuner dashboard exited with {proc.returncode} before serving")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url} did not answer within {limit_s} s")
+        time.sleep(0.1)  # polling interval while the server starts, not synchronisation
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    """A page in Debian's headless Chromium."""
+    assert CHROMIUM.exists(), "Debian's chromium is required: apt-get install -y chromium (make test-deps)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        browser.close()
+
+
+@pytest.mark.slow
+def test_dashboard_shows_feasibility_and_the_best_feasible_note(write_spec: SpecWriter, pg_url: str, tmp_path: Path, page: Page) -> None:
+    # fp32 routes pass a 1e-9 cosine tolerance, fp16 and int8 variants do not: infeasible trials are all but certain.
+    spec = write_spec(**{"accuracy.tolerance": 1e-9, "run.budget": 6, "run.startup_trials": 6,
+                         "backend.space": {"intra_op_threads": [0, 1], "execution_mode": ["sequential"]}})
+    run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "6")
+    assert run.returncode == 0, run.stderr[-3000:]
+    url = normalize_url(pg_url)
+    study = optuna.load_study(study_name="tiny", storage=url)
+    summary = summarize_study(study)
+    assert summary.best is not None and summary.infeasible >= 1, "the study needs feasible and infeasible trials"
+    note = get_note(study)  # written by the workers and the confirmation, before any dashboard runs
+    assert f"Best feasible trial: #{summary.best.number}**" in note and study.user_attrs["confirmation"]["message"] in note
+
+    port = _free_port()
+    proc = start_tuner("dashboard", str(spec), "--storage", pg_url, "--port", str(port), log=tmp_path / "dashboard.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_serving(f"{base}/api/studies", proc)
+        ARTIFACTS.mkdir(exist_ok=True)
+        sid = study._study_id
+
+        page.goto(f"{base}/dashboard/")
+        expect(page.get_by_text("tiny", exact=False).first).to_be_visible()
+
+        page.goto(f"{base}/dashboard/studies/{sid}")
+        expect(page.get_by_text(f"Best Trial (number={summary.best.number})")).to_be_visible()  # feasible, not the stock choice
+        page.screenshot(path=str(ARTIFACTS / "dashboard-study.png"), full_page=True)
+
+        page.goto(f"{base}/dashboard/studies/{sid}/trials")
+        trials = study.trials
+        expect(page.get_by_text(f"{len(trials)} Trials")).to_be_visible()
+        listing = page.locator("ul").filter(has_text="Trial 0").first
+        for state in ("Complete", "Pruned"):
+            want = sum(1 for t in trials if t.state.name.capitalize() == state)
+            expect(listing.get_by_text(state, exact=True)).to_have_count(want)
+
+        infeasible = next(t for t in trials if not t.user_attrs["feasible"])
+        page.goto(f"{base}/dashboard/studies/{sid}/trials?numbers={infeasible.number}")
+        expect(page.get_by_text(f"Trial {infeasible.number} (trial_id=")).to_be_visible()
+        expect(page.get_by_text("feasible False", exact=True)).to_be_visible()
+        expect(page.get_by_text(f"failure_class {infeasible.user_attrs['failure_class']}", exact=True)).to_be_visible()
+        expect(page.get_by_text('accuracy {"metric": "cosine"')).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "dashboard-infeasible-trial.png"), full_page=True)
+
+        best = summary.best
+        page.goto(f"{base}/dashboard/studies/{sid}/trials?numbers={best.number}")
+        expect(page.get_by_text(f"Trial {best.number} (trial_id=")).to_be_visible()
+        expect(page.get_by_text("feasible True", exact=True)).to_be_visible()
+        expect(page.get_by_text('latency_ms {"median"')).to_be_visible()
+
+        page.goto(f"{base}/dashboard/studies/{sid}/note")
+        expect(page.get_by_text(f"Best feasible trial: #{best.number}", exact=False)).to_be_visible()
+        expect(page.get_by_text("Speedup over the default route", exact=False)).to_be_visible()
+        expect(page.get_by_text("Confidence:", exact=False)).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "dashboard-note.png"), full_page=True)
+
+        logged = [t for t in trials if optuna.artifacts.get_all_artifact_meta(t, storage=url)]
+        for t in logged[:1]:  # the worker uploads a trial's child log when the child printed something
+            with urllib.request.urlopen(f"{base}/api/studies/{sid}?after=0") as resp:
+                shown = next(x for x in json.load(resp)["trials"] if x["number"] == t.number)
+            assert [a["filename"] for a in shown["artifacts"]] == ["child.log"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    shutil.copyfile(tmp_path / "dashboard.log", ARTIFACTS / "dashboard.log")
+
+
+def test_feasible_best_storage_skips_a_faster_infeasible_trial(sqlite_url: str) -> None:
+    storage = FeasibleBestStorage(sqlite_url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    for value, accuracy in ((3.0, -1.0), (1.0, 2.0), (2.0, -0.5)):
+        t = study.ask()
+        t.set_constraint("accuracy", accuracy)
+        study.tell(t, value)
+    assert storage.get_best_trial(study._study_id).number == 2
+    assert optuna.storages.RDBStorage(sqlite_url).get_best_trial(study._study_id).number == 1  # what stock shows
+
+
+def test_binding_beyond_loopback_warns_and_a_bad_address_is_one_line(write_spec: SpecWriter, sqlite_url: str) -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+    spec = write_spec(**{"run.budget": 1})
+    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    # 192.0.2.1 (TEST-NET-1) is not on this machine: the bind fails, after the warning, without exposing anything.
+    res = tuner("dashboard", str(spec), "--storage", sqlite_url, "--host", "192.0.2.1", "--port", str(_free_port()))
+    assert res.returncode == 2
+    assert "warning: optuna-dashboard has no authentication" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: cannot serve on 192.0.2.1:")

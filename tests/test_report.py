@@ -1,0 +1,79 @@
+"""`tuner report`: a self-contained HTML page and PNG figures drawn from a real study."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+from matplotlib.image import imread
+
+from tests.conftest import SpecWriter, tuner
+from tuner.report import plots
+from tuner.report.data import ReportData, collect, importances
+from tuner.spec import load_spec
+from tuner.store.cache import ResultStore
+from tuner.store.urls import normalize_url
+from tuner.study.setup import Context
+from tuner.study.summary import Summary
+
+FIGURES = {"history", "latency_distribution", "accuracy_vs_latency", "importance", "failure_classes"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path: Path) -> None:
+    spec = write_spec(**{"accuracy.tolerance": 1e-9, "run.budget": 6, "run.startup_trials": 6,
+                         "backend.space": {"precision": ["fp32", "fp16", "int8_dynamic"], "intra_op_threads": [0, 1]}})
+    run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "6")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / "report"
+    rep = tuner("report", str(spec), "--storage", pg_url, "--out", str(out))
+    assert rep.returncode == 0, rep.stderr
+    assert "5 figures" in rep.stdout
+
+    html = (out / "report.html").read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:|//|file:)""", html)  # self-contained: nothing to fetch
+    embedded = re.findall(r'<img alt="([a-z_]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert {name for name, _ in embedded} == FIGURES
+    for name, b64 in embedded:
+        png = out / f"{name}.png"
+        assert base64.b64decode(b64) == png.read_bytes() and png.read_bytes().startswith(PNG)
+        height, width = imread(png).shape[:2]
+        assert width >= 600 and height >= 300
+
+    url = normalize_url(pg_url)
+    study = optuna.load_study(study_name="tiny", storage=url)
+    conf = study.user_attrs["confirmation"]
+    assert conf["message"] in html.replace("&#x27;", "'")
+    data = collect(Context(load_spec(spec), url), study)
+    assert data.summary.best is not None and f"trial {data.summary.best.number}:" in html
+    if conf.get("trial") is not None:  # a candidate was re-measured: the distribution shows the confirmation samples
+        assert data.samples_kind == "confirm" and data.contender == conf["trial"]
+        runs = ResultStore(url).measurements("tiny", kind="confirm")
+        assert len(data.samples["default"]) == sum(len(m.samples_ms) for m in runs if m.trial_number == conf["baseline_trial"])
+    assert {t.number for t in data.trials} == {t.number for t in study.trials}
+    assert any(not t.feasible for t in data.trials)  # fp16/int8 break a 1e-9 tolerance
+
+
+def test_importance_needs_enough_feasible_trials() -> None:
+    scores, note = importances([])
+    assert scores == {} and "not enough data" in note
+    dist = {"k": optuna.distributions.CategoricalDistribution(["a", "b"])}
+    trials = [optuna.trial.create_trial(params={"k": "a" if i % 2 else "b"}, distributions=dist, value=1.0 + (i % 2),
+                                        constraints={"accuracy": -1.0, "failure": -1.0}) for i in range(6)]
+    scores, note = importances(trials)
+    assert note == "" and set(scores) == {"k"}
+    scores, note = importances(trials[:3])
+    assert scores == {} and "3 feasible trial(s)" in note
+
+
+def test_every_figure_copes_with_an_empty_study(tmp_path: Path) -> None:
+    summary = Summary(study="empty", budget=4, complete=0, pruned=0, failed=0, running=0, waiting=0, feasible=0, infeasible=0,
+                      requeued=0, cache_hits=0, best=None, baseline=None, elapsed_s=0.0, failure_classes={})
+    data = ReportData(study="empty", statistic="median", metric="cosine", tolerance=1e-3, summary=summary, trials=[],
+                      confirmation=None, importance_note="not enough data for parameter importance: 0 feasible trial(s)")
+    paths = plots.save_all(data, tmp_path)
+    assert set(paths) == FIGURES and all(p.read_bytes().startswith(PNG) for p in paths.values())

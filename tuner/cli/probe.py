@@ -1,0 +1,47 @@
+"""`tuner probe`: which backends can run on this machine, with their versions, the GPU and its limits."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from tuner.backends import backend_names, get_backend
+from tuner.backends.tensorrt.gpu import gpu_fingerprint
+from tuner.cli.common import JsonOpt, console
+from tuner.errors import TunerError
+
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="Probe only this backend; exit 2 if it cannot run here.")]
+
+
+def probe_backend(name: str) -> dict[str, Any]:
+    """{'available': bool, 'version'|'reason': str, ...capabilities} for one backend."""
+    try:
+        backend = get_backend(name)
+        found: dict[str, Any] = {"available": True, "version": backend.version()}
+        capabilities = getattr(backend, "capabilities", None)
+        if capabilities is not None:
+            found.update(capabilities())
+    except TunerError as exc:
+        return {"available": False, "reason": str(exc)}
+    return found
+
+
+def probe(backend: BackendOpt = None, as_json: JsonOpt = False) -> None:
+    """Print the backends available here (version, GPT knobs, runtime support) and the GPU."""
+    names = [backend] if backend else backend_names()
+    found = {name: probe_backend(name) for name in names}
+    gpu = gpu_fingerprint()
+    if as_json:
+        console.print_json(json.dumps({"gpu": gpu, "backends": found}))
+    else:
+        console.print(f"GPU: {', '.join(f'{k} {v}' for k, v in gpu.items()) if gpu else 'none found (no nvidia-smi answer)'}", highlight=False)
+        for name, facts in found.items():
+            state = facts.get("version") if facts["available"] else f"unavailable: {facts['reason']}"
+            console.print(f"{name}: {state}", highlight=False, markup=False, soft_wrap=True)
+            for key in ("gpt", "runtime"):
+                if key in facts:
+                    console.print(f"  {key}: {facts[key]}", highlight=False, markup=False, soft_wrap=True)
+    if backend and not found[backend]["available"]:
+        raise TunerError(f"backend {backend} cannot run here: {found[backend]['reason']}")
