@@ -1,6 +1,7 @@
 """Scaling benchmark: N workers (1, 2, 4, 8) on one PostgreSQL study with trials of fixed cost.
 
-Reports throughput relative to one worker and the tuner's overhead per trial (trial wall time not
+Reports throughput (trials per minute between the first trial's start and the last one's end)
+relative to one worker and the tuner's overhead per trial (trial wall time not
 spent inside the child's build/check/time phases), measured in one run, and writes
 bench/results/scaling.json. Usage: python bench/scaling.py [--pg postgresql://postgres@127.0.0.1/postgres]
 """
@@ -51,12 +52,13 @@ def _run(workers: int, trials: int, build_s: float, admin: str, tmp: Path) -> di
         "run": {"budget": trials, "workers": workers, "sampler": "random", "heartbeat_s": 1.0},
     }))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tuner", "run", str(spec), "--storage", url], check=True, cwd=REPO,
+    subprocess.run([sys.executable, "-m", "tuner", "run", str(spec), "--storage", url, "--no-confirm"], check=True, cwd=REPO,
                    env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, capture_output=True)
     wall = time.perf_counter() - t0
     ts = optuna.load_study(study_name=f"scaling-{workers}", storage=normalize_url(url)).trials
     overhead = [t.user_attrs["overhead_s"] for t in ts if "overhead_s" in t.user_attrs]
-    return {"workers": workers, "trials": len(ts), "wall_s": round(wall, 2), "trials_per_min": round(60 * len(ts) / wall, 2),
+    span = (max(t.datetime_complete for t in ts) - min(t.datetime_start for t in ts)).total_seconds()
+    return {"workers": workers, "trials": len(ts), "wall_s": round(wall, 2), "span_s": round(span, 2), "trials_per_min": round(60 * len(ts) / span, 2),
             "overhead_s_median": round(statistics.median(overhead), 3), "overhead_s_p90": round(sorted(overhead)[int(0.9 * (len(overhead) - 1))], 3)}
 
 

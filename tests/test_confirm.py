@@ -136,3 +136,14 @@ def test_a_study_with_nothing_to_find_reports_no_win(write_spec: SpecWriter, pg_
 
     too_few = tuner("run", str(spec), "--storage", pg_url, "--confirm-rounds", "3")
     assert too_few.returncode == 2 and "--confirm-rounds 3 is too few" in too_few.stderr
+
+
+def test_a_route_that_fails_on_re_measurement_is_reported_not_judged() -> None:
+    default = C.Entry(_trial(0, "a", 5.0), "default", [5.0] * 8)
+    broken = C.Entry(_trial(1, "b", 4.0), "trial 1", [4.0] * 2, failure="accuracy: cosine=0.2 > 0.001 on 4 feeds")
+    doc = C._judge([default, broken], 8, 0.95, "median")
+    assert doc["verdict"] == C.NOTHING_TO_CONFIRM and "every candidate failed" in doc["message"]
+    assert doc["candidates"][0]["failure"].startswith("accuracy:")
+    default.failure = "crash-signal: child died of SIGSEGV"
+    doc = C._judge([default, C.Entry(_trial(2, "c", 4.0), "trial 2", [4.0] * 8)], 8, 0.95, "median")
+    assert doc["verdict"] == C.NOTHING_TO_CONFIRM and "the default route failed: crash-signal" in doc["message"]

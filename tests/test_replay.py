@@ -71,7 +71,7 @@ def test_replayed_failures_end_the_child_as_recorded(recorded, tmp_path: Path) -
 
 def test_tuner_run_with_replay_on_postgres(recorded, pg_url: str) -> None:
     spec = replay_study(recorded, **{"name": "run.toml", "study": "tiny-replay-run"})
-    done = tuner("run", str(spec), "--storage", pg_url, "--trials", "6", "--confirm-rounds", "2")
+    done = tuner("run", str(spec), "--storage", pg_url, "--trials", "6", "--no-confirm")
     assert done.returncode == 0, done.stderr
     land = load_landscape(recorded[1])
     ts = trials(pg_url, "tiny-replay-run")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated
 
+import optuna
 import typer
 from optuna.storages import RDBStorage
 from optuna.study import StudyDirection
@@ -12,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.cli.common import SpecArg, StorageOpt, console, context, err_console
 from tuner.errors import TunerError
-from tuner.store.db import engine_kwargs
+from tuner.store.db import check_reachable, engine_kwargs
 from tuner.store.urls import mask_url, scrub
 from tuner.study.note import update_note
 from tuner.study.outcome import is_feasible
@@ -32,6 +33,15 @@ class FeasibleBestStorage(RDBStorage):
             return super().get_best_trial(study_id)
         sign = -1.0 if self.get_study_directions(study_id)[0] == StudyDirection.MAXIMIZE else 1.0
         return min(feasible, key=lambda t: (sign * float(t.value), t.number))  # type: ignore[arg-type]
+
+
+def _storage(url: str) -> FeasibleBestStorage:
+    """The dashboard's storage on `url` (a one-line TunerError when the database is not usable)."""
+    check_reachable(url)
+    try:
+        return FeasibleBestStorage(url, engine_kwargs=engine_kwargs(url))
+    except Exception as exc:  # Optuna wraps schema and connection problems in several types
+        raise TunerError(f"storage {mask_url(url)}: {scrub(str(exc), url).strip().splitlines()[0]}") from exc
 
 
 def is_loopback(host: str) -> bool:
@@ -55,19 +65,21 @@ def dashboard(
     from optuna_dashboard import run_server
 
     ctx = context(spec, storage)
-    study = ctx.load()
-    update_note(study)
+    served = _storage(ctx.url)
+    try:
+        update_note(optuna.load_study(study_name=ctx.spec.study, storage=served))
+    except KeyError:
+        err_console.print(f"study {ctx.spec.study} is not in {mask_url(ctx.url)} yet; it appears once `tuner run` creates it", highlight=False, soft_wrap=True)
     if not is_loopback(host):
         err_console.print(f"warning: optuna-dashboard has no authentication; anyone who can reach {host}:{port} can read, "
-                          "edit and delete studies. Prefer the default 127.0.0.1 and an SSH tunnel.", highlight=False)
+                          "edit and delete studies. Prefer the default 127.0.0.1 and an SSH tunnel.", highlight=False, soft_wrap=True)
     artifacts = ctx.work_dir / ARTIFACTS
     artifacts.mkdir(parents=True, exist_ok=True)
     shown = f"[{host}]" if ":" in host else host
     console.print(f"optuna-dashboard for study {ctx.spec.study} on {mask_url(ctx.url)}: http://{shown}:{port}/dashboard/ "
-                  "(Ctrl-C to stop)", highlight=False)
+                  "(Ctrl-C to stop)", highlight=False, soft_wrap=True)
     try:
-        run_server(FeasibleBestStorage(ctx.url, engine_kwargs=engine_kwargs(ctx.url)), host=host, port=port,
-                   artifact_store=FileSystemArtifactStore(str(artifacts)))
+        run_server(served, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifacts)))
     except OSError as exc:
         raise TunerError(f"cannot serve on {host}:{port}: {scrub(exc.strerror or str(exc), ctx.url)}") from exc
     except KeyboardInterrupt:

@@ -70,7 +70,7 @@ def best(
     console.print(f"best feasible: trial {doc['trial']}  {fmt_ms(doc['value'])}  speedup {fmt_x(doc['speedup'])} over the default "
                   f"({fmt_ms(doc['baseline_value'])})\n  {doc['accuracy']['metric']} = {doc['accuracy']['value']} "
                   f"(tolerance {doc['accuracy']['tolerance']})\n  route: {route}", highlight=False)
-    console.print(f"  confirmation: {_confirmation_text(doc)}", highlight=False)
+    console.print(f"  confirmation: {_confirmation_text(doc)}", highlight=False, soft_wrap=True)
 
 
 def _confirmation_text(doc: dict[str, Any]) -> str:

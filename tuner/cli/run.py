@@ -77,14 +77,14 @@ def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, 
     err_console.print(f"confirming: re-measuring up to {top_k} candidate(s) against the default route ...")
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # so the child in flight is killed, not orphaned
     try:
-        doc = confirm(ctx, study, rounds, top_k, confidence, log=lambda line: err_console.print(line, highlight=False))
+        doc = confirm(ctx, study, rounds, top_k, confidence, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
     except KeyboardInterrupt:
         err_console.print("confirmation interrupted; run `tuner run` again to confirm")
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     update_note(study)
-    console.print(f"confirmation: {doc['message']}", highlight=False)
+    console.print(f"confirmation: {doc['message']}", highlight=False, soft_wrap=True)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,11 @@ def _timed(data: ReportData) -> list[TrialRow]:
     return [t for t in data.trials if t.value is not None]
 
 
+def _latency(t: TrialRow) -> float:
+    """A timed trial's latency (NaN, which matplotlib skips, for an untimed one)."""
+    return t.value if t.value is not None else math.nan
+
+
 def _latency_axis(ax: Axes, data: ReportData, values: list[float]) -> None:
     """Label the latency axis; a log scale when slow outliers would flatten everything else."""
     positive = [v for v in values if v > 0]
@@ -50,7 +56,7 @@ def history(data: ReportData) -> Figure:
     for feasible, color, marker, label in ((True, FEASIBLE, "o", "feasible"), (False, INFEASIBLE, "x", "infeasible (over tolerance)")):
         pts = [t for t in timed if t.feasible == feasible]
         if pts:
-            ax.scatter([t.number for t in pts], [t.value for t in pts], c=color, marker=marker, s=28, label=label, zorder=3)
+            ax.scatter([t.number for t in pts], [_latency(t) for t in pts], c=color, marker=marker, s=28, label=label, zorder=3)
     best, xs, ys = None, [], []
     for t in sorted(data.trials, key=lambda t: t.number):
         if t.feasible and t.value is not None and (best is None or t.value < best):
@@ -67,7 +73,7 @@ def history(data: ReportData) -> Figure:
         ax.plot([t.number for t in untimed], [0] * len(untimed), "|", color="#ff7f0e", ms=14, mew=2, transform=ax.get_xaxis_transform(),
                 label=f"not timed: failed or gate-rejected ({len(untimed)})", clip_on=False)
     ax.set(title=f"Optimisation history: {data.study}", xlabel="trial number")
-    _latency_axis(ax, data, [t.value for t in timed if t.value is not None])
+    _latency_axis(ax, data, [_latency(t) for t in timed])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return fig
@@ -87,7 +93,7 @@ def latency_distribution(data: ReportData) -> Figure:
         return fig
     values = np.concatenate([np.asarray(s[1]) for s in series])
     lo, hi = float(values.min()), float(np.percentile(values, 99))
-    bins = np.linspace(lo, hi, 50)
+    bins = list(np.linspace(lo, hi, 50))
     for label, samples, color in series:
         arr = np.asarray(samples)
         ax.hist(arr[arr <= hi], bins=bins, density=True, alpha=0.55, color=color, label=f"{label}: median {np.median(arr):.4g} ms, n={arr.size}")
@@ -112,15 +118,16 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
     if not pts:
         _message(ax, "no timed trial has an accuracy value")
         return fig
-    log = all(t.accuracy >= 0 for t in pts + gated) and data.tolerance > 0  # type: ignore[operator]
-    floor = min([float(t.accuracy) for t in pts + gated if t.accuracy] + [data.tolerance]) / 10  # type: ignore[arg-type]
+    accuracy = {t.number: float(t.accuracy or 0.0) for t in pts + gated}
+    log = min(accuracy.values()) >= 0 and data.tolerance > 0
+    floor = min([a for a in accuracy.values() if a > 0] + [data.tolerance]) / 10
 
     def x_of(t: TrialRow) -> float:
-        return (float(t.accuracy) or floor) if log else float(t.accuracy)  # type: ignore[arg-type]  # exact 0 -> a decade below
+        return (accuracy[t.number] or floor) if log else accuracy[t.number]  # an exact 0 is drawn a decade below the rest
 
     for feasible, color, marker, label in ((True, FEASIBLE, "o", "feasible"), (False, INFEASIBLE, "x", "over tolerance")):
         chosen = [t for t in pts if t.feasible == feasible]
-        ax.scatter([x_of(t) for t in chosen], [t.value for t in chosen], c=color, marker=marker, s=30, zorder=3, label=label)
+        ax.scatter([x_of(t) for t in chosen], [_latency(t) for t in chosen], c=color, marker=marker, s=30, zorder=3, label=label)
     if gated:
         ax.plot([x_of(t) for t in gated], [0] * len(gated), "|", color="#ff7f0e", ms=14, mew=2, transform=ax.get_xaxis_transform(),
                 clip_on=False, label=f"rejected by the accuracy gate, not timed ({len(gated)})")
@@ -137,7 +144,7 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
         ax.set_xscale("log")
     ax.axvline(data.tolerance, color=INFEASIBLE, ls="--", lw=1.2, label=f"tolerance {data.tolerance:g}")
     ax.set(title="Accuracy vs latency", xlabel=f"{data.metric} vs the fp32 reference (lower is closer)" + (", log scale" if log else ""))
-    _latency_axis(ax, data, [t.value for t in pts if t.value is not None])
+    _latency_axis(ax, data, [_latency(t) for t in pts])
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     return fig
@@ -168,7 +175,7 @@ def failure_classes(data: ReportData) -> Figure:
     stacks = [np.cumsum([t.outcome == o for t in rows]) for o in outcomes]
     palette = iter(["#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f"])
     colors = [OUTCOME_COLORS.get(o) or next(palette, "#333333") for o in outcomes]
-    ax.stackplot(x, *stacks, labels=[f"{o} ({int(s[-1])})" for o, s in zip(outcomes, stacks)], colors=colors, alpha=0.85, step="post")
+    ax.stackplot(x, *stacks, labels=[f"{o} ({int(s[-1])})" for o, s in zip(outcomes, stacks, strict=True)], colors=colors, alpha=0.85, step="post")
     ax.set(title="Outcomes over time (cumulative)", xlabel="trial number", ylabel="trials")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)

@@ -119,10 +119,12 @@ def _measure(ctx: Context, entries: list[Entry], rounds: int, log: Callable[[str
             for entry in entries[shift:] + entries[:shift]:
                 if entry.failure:
                     continue
-                res = _run_once(ctx, entry.trial, run_dir / f"r{r:02d}-{entry.trial.number:05d}", handle)
+                res = _run_once(ctx, store, entry.trial, run_dir / f"r{r:02d}-{entry.trial.number:05d}", handle)
                 if res.status != J.OK or not res.latency:
                     entry.failure = f"{res.status}: {res.message}"[:300]
                     log(f"confirm round {r + 1}/{rounds}: {entry.label} failed ({entry.failure})")
+                    if entry is entries[0]:
+                        return  # without the default there is nothing to compare with
                     continue
                 entry.medians.append(float(res.latency[statistic]))
                 store.add_measurement(ctx.spec.study, entry.trial.number, f"confirm-{run_id}", "confirm",
@@ -135,10 +137,10 @@ def _measure(ctx: Context, entries: list[Entry], rounds: int, log: Callable[[str
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _run_once(ctx: Context, trial: FrozenTrial, trial_dir: Path, handle: ChildHandle) -> J.Result:
+def _run_once(ctx: Context, store: ResultStore, trial: FrozenTrial, trial_dir: Path, handle: ChildHandle) -> J.Result:
     """Measure the route of `trial` once, on its stored artifact where that is still here."""
     sha = trial.user_attrs.get("artifact_sha256")
-    record = ResultStore(ctx.url).artifact(sha) if sha else None
+    record = store.artifact(sha) if sha else None
     job = make_job(ctx, dict(trial.params), trial_dir / "out")
     job.backend = WRAPPER
     env = reuse_env(ctx.spec.backend.name, Path(record.path) if record else None, sha)

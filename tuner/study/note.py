@@ -53,7 +53,6 @@ def render_note(s: Summary, confirmation: dict[str, Any] | None, now: datetime |
     """The note's Markdown for a study summary and its confirmation document (if any)."""
     done = s.complete + s.pruned + s.failed
     classes = ", ".join(f"{k} {v}" for k, v in sorted(s.failure_classes.items())) or "none"
-    route = ", ".join(f"{k}={v}" for k, v in s.best.params.items()) if s.best else ""
     lines = [
         f"## Route Tuner: {s.study}",
         _best_line(s),
@@ -62,8 +61,9 @@ def render_note(s: Summary, confirmation: dict[str, Any] | None, now: datetime |
         f"**Trials:** {done} finished of budget {s.budget} (feasible {s.feasible}, infeasible {s.infeasible}, "
         f"failed {s.failed}), {s.running} running. Failure classes: {classes}.",
     ]
-    if route:
-        lines.append(f"**Route of #{s.best.number}:** `{route[:600]}`")  # type: ignore[union-attr]
+    if s.best is not None:
+        route = ", ".join(f"{k}={v}" for k, v in s.best.params.items())
+        lines.append(f"**Route of #{s.best.number}:** `{route[:600]}`")
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines.append(f"_Written by route-tuner at {stamp}; edits here are overwritten._")
     return "\n\n".join(lines)[:NOTE_LIMIT]

@@ -7,7 +7,6 @@ The current phase is written to RESULT.json.phase before each step so a crash ca
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 import traceback
@@ -16,18 +15,10 @@ from pathlib import Path
 from tuner.backends import get_backend
 from tuner.backends.base import BuildContext, BuildError, ModelInfo, RuntimeRefused
 from tuner.measure.accuracy import Tolerances, compare, worst
-from tuner.measure.inputs import read_feeds
+from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.reference import load_reference
 from tuner.measure.timing import TimingPolicy, measure, summarize
 from tuner.worker import job as J
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def run_job(job: J.Job, result_path: Path) -> J.Result:
@@ -56,7 +47,7 @@ def run_job(job: J.Job, result_path: Path) -> J.Result:
         artifact = backend.build(job.route, ctx)
         res.build_s = artifact.build_s
         res.artifact_path = str(artifact.path)
-        res.artifact_sha256 = _sha256(artifact.path)
+        res.artifact_sha256 = file_hash(artifact.path)
         res.artifact_bytes = artifact.path.stat().st_size
         phase("load")
         runner = backend.load(artifact, job.route, ctx)

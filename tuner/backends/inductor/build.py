@@ -3,25 +3,30 @@
 The source is the study's ONNX model converted by onnx2torch, or the module that
 backend.options.module = "pkg.mod:fn" returns (fn() -> (torch.nn.Module, example inputs)).
 
-The artifact is `inductor.tar`: the trial's own Inductor cache directory after the warm-up compile
-(the generated Python wrapper code, the Triton/C++ kernels and their compiled binaries, autotuning
-results and the FX-graph cache entry), plus `manifest.json` with the route and compile options. It
-is the engine in the sense that matters here: loading it into a fresh process recompiles the same
-route from that cache (an FX-graph cache hit: no kernel compilation, no autotuning), and the
-generated code in it is what a reviewer reads to see what the route changed. The tar is written
-deterministically (sorted names, zeroed times and owners) so equal contents hash equally.
+The artifact is `inductor.tar`: the output code Inductor generated for the route (one Python module
+per compiled graph, holding the wrapper that launches the kernels and every Triton/C++ kernel's
+source inline, captured through Inductor's `GraphLowering.save_output_code` hook) and
+`manifest.json` (route, compile options, timings). That code *is* the engine: equal code gives an
+equal hash, and a reviewer reads in it what a route changed (fusions, GEMM templates, CUDA-graph
+wrapping). Compiled binaries stay in Inductor's cache, shared by the study's trials on this machine
+(`$TORCHINDUCTOR_CACHE_DIR` if set, else `<work_dir>/inductor-cache`), so a route compiled before is
+a cache hit; loading an artifact in another process recompiles its route from that cache
+and checks that the code is the same. The tar is written deterministically (sorted, zeroed metadata).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
 import json
 import os
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from tuner.backends.base import Artifact, BuildContext, BuildError, Feed, ModelInfo
 from tuner.backends.inductor.run import Engine
@@ -29,57 +34,74 @@ from tuner.backends.inductor.space import compile_options, resolve_device
 from tuner.space import Route
 
 ARTIFACT = "inductor.tar"
-CACHE_DIR = "inductor-cache"
 WARMUP_CALLS = 3  # CUDA-graph modes record on the third call; every compile happens before timing
 BUILT: dict[str, Engine] = {}  # engines built in this process, by artifact path, for `load`
 
 
 def build(route: Route, ctx: BuildContext) -> Artifact:
-    """Compile `route`, warm it up, and pack the Inductor cache it produced into `ctx.out_dir/inductor.tar`."""
+    """Compile `route`, warm it up, and write its generated code to `ctx.out_dir/inductor.tar`."""
     t0 = time.perf_counter()
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    cache = ctx.out_dir / CACHE_DIR
-    engine, timings = compile_engine(route, ctx.model, ctx.calibration[0], cache)
-    manifest = {"route": dict(route), "options": engine.options, "device": engine.device_name, **timings}
-    ctx.log(f"inductor: converted in {timings['source_s']:.2f} s, compiled and warmed up in {timings['compile_s']:.2f} s")
+    engine, codes, timings = compile_engine(route, ctx.model, ctx.calibration[0], ctx.work_dir)
+    manifest = {"route": dict(route), "options": engine.options, "device": engine.device_name,
+                "graphs": len(codes), "code_sha256": code_digest(codes)}
+    ctx.log(f"inductor: source in {timings['source_s']:.2f} s, compiled and warmed up in {timings['compile_s']:.2f} s, "
+            f"{len(codes)} graph(s), cache hits {timings['cache_hits']}")
     path = ctx.out_dir / ARTIFACT
-    pack(cache, manifest, path)
+    pack(codes, manifest, path)
     BUILT[str(path)] = engine
-    return Artifact(path, time.perf_counter() - t0, manifest)
+    return Artifact(path, time.perf_counter() - t0, {**manifest, **timings})
 
 
-def restore(artifact_path: Path, route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -> Engine:
-    """An engine for a stored artifact: unpack its Inductor cache and compile the route from it."""
-    cache = work_dir / f"restored-{artifact_path.stem}-{os.getpid()}"
+def rebuild(artifact_path: Path, route: Route, model: ModelInfo, feed: Feed, work_dir: Path, log: Callable[[str], None]) -> Engine:
+    """An engine for a stored artifact: recompile its route (from the shared cache) and compare the code."""
+    engine, codes, _ = compile_engine(route, model, feed, work_dir)
     with tarfile.open(artifact_path) as tar:
-        tar.extractall(cache, filter="data")
-    engine, _ = compile_engine(route, model, feed, cache / CACHE_DIR)
+        member = tar.extractfile("manifest.json")
+        stored = json.loads(member.read()) if member else {}
+    if stored.get("code_sha256") != code_digest(codes):
+        log("inductor: the route recompiled to different code than the stored artifact (e.g. autotuning chose other kernels)")
     return engine
 
 
-def compile_engine(route: Route, model: ModelInfo, feed: Feed, cache: Path) -> tuple[Engine, dict[str, float]]:
-    """The compiled, warmed-up engine for `route`, with Inductor's cache in `cache`."""
+def cache_dir(work_dir: Path) -> Path:
+    """Inductor's cache for this process: $TORCHINDUCTOR_CACHE_DIR if set, else `<work_dir>/inductor-cache`."""
+    path = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work_dir / "inductor-cache")))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -> tuple[Engine, list[str], dict[str, Any]]:
+    """The compiled, warmed-up engine for `route`, the output code of its graphs, and timings."""
     import torch
+    from torch._dynamo.utils import counters
+    from torch._inductor.graph import GraphLowering
 
     options = compile_options(route, model.options)
     device = resolve_device(model.options)
     if device == "cuda" and not torch.cuda.is_available():
         raise BuildError("backend.options.device = 'cuda' but torch sees no CUDA device")
-    cache.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)  # read by Inductor at each use; the child is ours alone
+    cache_dir(work_dir)
     t0 = time.perf_counter()
     module, output_names = load_source(model)
     source_s = time.perf_counter() - t0
     t1 = time.perf_counter()
+    hits = _cache_hits(counters)
     engine = Engine.create(module, route, device, list(model.input_shapes), output_names, options)
-    args = engine.inputs(feed)
+    codes: list[str] = []
     try:
-        for _ in range(WARMUP_CALLS):
-            engine.forward(args)
-        engine.synchronize()
+        with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+            args = engine.inputs(feed)
+            for _ in range(WARMUP_CALLS):
+                engine.forward(args)
+            engine.synchronize()
     except Exception as exc:  # Dynamo/Inductor raise many types (BackendCompilerFailed, Unsupported, ...)
         raise BuildError(f"torch.compile: {type(exc).__name__}: {_first_line(exc)}") from exc
-    return engine, {"source_s": round(source_s, 4), "compile_s": round(time.perf_counter() - t1, 4)}
+    if not codes:
+        raise BuildError("Inductor generated no code for this model (it ran eagerly)")
+    timings = {"source_s": round(source_s, 4), "compile_s": round(time.perf_counter() - t1, 4),
+               "cache_hits": _cache_hits(counters) - hits}
+    return engine, codes, timings
 
 
 def load_source(model: ModelInfo) -> tuple[Any, list[str]]:
@@ -124,22 +146,31 @@ def _onnx_outputs(path: Path) -> list[str]:
     return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
 
 
-def pack(cache: Path, manifest: dict[str, Any], out: Path) -> None:
-    """Write `cache` and `manifest` into the tar `out`, deterministically (sorted, zeroed metadata)."""
+def code_digest(codes: list[str]) -> str:
+    """sha256 over the output code of every graph, in compile order."""
+    h = hashlib.sha256()
+    for code in codes:
+        h.update(code.encode())
+        h.update(b"\0")
+    return h.hexdigest()
 
-    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-        return info
 
+def pack(codes: list[str], manifest: dict[str, Any], out: Path) -> None:
+    """Write the manifest and one `graph_NNN.py` per output code into the tar `out`, deterministically."""
     tmp = out.with_suffix(".tmp")
+    files = {"manifest.json": json.dumps(manifest, sort_keys=True, indent=1, default=str).encode()}
+    files.update({f"graph_{i:03d}.py": code.encode() for i, code in enumerate(codes)})
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        data = json.dumps(manifest, sort_keys=True, indent=1, default=str).encode()
-        info = clean(tarfile.TarInfo("manifest.json"))
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-        for path in sorted(p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock")):
-            tar.add(path, arcname=f"{CACHE_DIR}/{path.relative_to(cache)}", recursive=False, filter=clean)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
     tmp.replace(out)
+
+
+def _cache_hits(counters: Any) -> int:
+    """Graphs served from Inductor's caches so far: AOTAutograd-cache hits plus FX-graph-cache hits."""
+    return int(counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"])
 
 
 def _first_line(exc: BaseException) -> str:

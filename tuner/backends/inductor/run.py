@@ -172,10 +172,10 @@ def _host_time(enqueue: Callable[[int], None]) -> float:
 
 
 def load(artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
-    """A runner for `artifact`: the engine built in this process, else one restored from the tar."""
-    from tuner.backends.inductor.build import BUILT, restore
+    """A runner for `artifact`: the engine built in this process, else its route recompiled from the shared cache."""
+    from tuner.backends.inductor.build import BUILT, rebuild
 
     engine = BUILT.pop(str(artifact.path), None)
     if engine is None:
-        engine = restore(artifact.path, route, ctx.model, ctx.calibration[0], ctx.out_dir)
+        engine = rebuild(artifact.path, route, ctx.model, ctx.calibration[0], ctx.work_dir, ctx.log)
     return InductorRunner(engine)

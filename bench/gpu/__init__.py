@@ -1,0 +1,1 @@
+"""GPU-machine runner for the Inductor backend: studies, side-by-side comparison, scaling check."""

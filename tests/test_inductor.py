@@ -1,0 +1,259 @@
+"""The Inductor backend on the CPU (torch's C++ Inductor): space, switch validation, build, artifact, load, study.
+
+Real torch, real onnx2torch, real compiles, real trial children and a real PostgreSQL study; the GPU
+parts (CUDA events, CUDA graphs) run on the GPU machine (bench/gpu/run_study.sh). Skipped where
+torch is not installed. Every compile here shares torch's default Inductor cache, as any torch
+program on the machine does, so only the first run on a machine pays for Inductor's one-off C++
+toolchain probes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import optuna
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import REPO, SpecWriter, tuner
+from tuner.backends import get_backend
+from tuner.backends.base import BuildContext, BuildError, ModelInfo
+from tuner.measure.gpu_timing import GpuTimingError
+from tuner.measure.inputs import save_feeds
+from tuner.measure.reference import compute_reference
+from tuner.worker import job as J
+from tuner.worker.isolate import run_isolated
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed (pip install 'route-tuner[inductor]')")
+SHAPE = (2, 16)
+
+
+def _weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return (rng.normal(0, 0.3, (16, 32)).astype(np.float32), rng.normal(0, 0.1, (32,)).astype(np.float32),
+            rng.normal(0, 0.3, (32, 4)).astype(np.float32))
+
+
+def mlp_onnx(path: Path) -> Path:
+    """x [2,16] -> MatMul -> Add -> Relu -> MatMul -> y [2,4]."""
+    w1, b1, w2 = _weights()
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["a"]),
+         helper.make_node("Relu", ["a"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [SHAPE[0], 4])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def mlp_module() -> tuple[Any, tuple[Any, ...]]:
+    """The same MLP as a torch module (the `backend.options.module` entry point of these tests)."""
+    import torch
+
+    w1, b1, w2 = _weights()
+    first, second = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4, bias=False)
+    with torch.no_grad():
+        first.weight.copy_(torch.from_numpy(w1.T))
+        first.bias.copy_(torch.from_numpy(b1))
+        second.weight.copy_(torch.from_numpy(w2.T))
+    return torch.nn.Sequential(first, torch.nn.ReLU(), second), (torch.zeros(SHAPE),)
+
+
+def wrong_shape_module() -> tuple[Any, tuple[Any, ...]]:
+    """The MLP with example inputs of the wrong batch size."""
+    import torch
+
+    return mlp_module()[0], (torch.zeros(3, 16),)
+
+
+@pytest.fixture(scope="module")
+def shared_cache() -> Iterator[str]:
+    """Torch's default Inductor cache for this machine, for the backend and every trial child."""
+    if not HAS_TORCH:
+        pytest.skip("PyTorch is not installed")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+        yield default_cache_dir()
+
+
+@pytest.fixture
+def mlp(tmp_path: Path) -> tuple[Path, list[dict[str, np.ndarray]]]:
+    """The MLP's ONNX file and two seeded feeds."""
+    rng = np.random.default_rng(1)
+    return mlp_onnx(tmp_path / "mlp.onnx"), [{"x": rng.uniform(-1, 1, SHAPE).astype(np.float32)} for _ in range(2)]
+
+
+def _ctx(tmp_path: Path, model: Path, feeds: list[dict[str, np.ndarray]], options: dict[str, Any], out: str = "out") -> BuildContext:
+    return BuildContext(ModelInfo(model, {"x": SHAPE}, options), tmp_path / "work", tmp_path / out, feeds)
+
+
+def test_imports_and_registers_without_torch() -> None:
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import tuner.backends.inductor, tuner.measure.gpu_timing\n"
+            "from tuner.backends import get_backend\n"
+            "print(get_backend('inductor').name)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "inductor"
+
+
+def test_cuda_event_timer_refuses_cleanly_without_a_gpu() -> None:
+    if HAS_TORCH:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present: the timer is exercised by bench/gpu/run_study.sh")
+    from tuner.measure.gpu_timing import CudaEventTimer
+
+    with pytest.raises(GpuTimingError):
+        CudaEventTimer()
+
+
+@needs_torch
+def test_space_offers_the_installed_switches_with_torch_defaults(tiny_model: Path, mlp: tuple[Path, Any]) -> None:
+    import torch._inductor.config as inductor_config
+
+    from tuner.backends.inductor.space import SWITCHES
+
+    backend = get_backend("inductor")
+    defaults = inductor_config.get_config_copy()
+    cpu = backend.space(ModelInfo(mlp[0], {"x": SHAPE}, {"device": "cpu"}))
+    assert cpu.param("mode").choices == ("default", "max-autotune-no-cudagraphs")
+    assert "channels_last" not in cpu.names() and "coordinate_descent_tuning" not in cpu.names()
+    for s in SWITCHES:
+        if s.name in cpu.names():
+            assert cpu.param(s.name).default == defaults[s.key]
+    cuda = backend.space(ModelInfo(tiny_model, {"x": (1, 3, 16, 16)}, {"device": "cuda"}))
+    assert "channels_last" in cuda.names() and "reduce-overhead" in cuda.param("mode").choices
+    coord, gemm = cuda.param("coordinate_descent_tuning"), cuda.param("gemm_backends")
+    assert coord.active({"mode": "default"}) and not coord.active({"mode": "max-autotune"})  # the mode sets it
+    assert gemm.active({"mode": "max-autotune"}) and not gemm.active({"mode": "reduce-overhead"})
+
+
+@needs_torch
+def test_switches_are_validated_against_torch() -> None:
+    from tuner.backends.inductor.space import UnknownSwitch, compile_options
+
+    assert compile_options({"mode": "max-autotune", "freezing": True}, {})["max_autotune"] is True
+    with pytest.raises(UnknownSwitch, match="no switch 'no_such_switch'"):
+        compile_options({"mode": "default"}, {"inductor_config": {"no_such_switch": True}})
+    with pytest.raises(UnknownSwitch, match="takes bool"):
+        compile_options({"mode": "default", "freezing": "yes"}, {})
+    assert UnknownSwitch("x").failure_class == "unknown-switch"
+
+
+@needs_torch
+def test_unknown_switch_fails_the_trial_with_its_class(tmp_path: Path, mlp: tuple[Path, Any]) -> None:
+    model, feeds = mlp
+    feeds_path, ref_path = tmp_path / "feeds.npz", tmp_path / "ref.npz"
+    save_feeds(feeds_path, feeds)
+    save_feeds(ref_path, compute_reference(model, feeds))
+    job = J.Job(
+        backend="inductor", route={"mode": "default", "precision": "fp32"}, model_path=str(model), input_shapes={"x": list(SHAPE)},
+        options={"device": "cpu", "inductor_config": {"no_such_switch": True}}, work_dir=str(tmp_path / "work"),
+        out_dir=str(tmp_path / "out"), feeds_path=str(feeds_path), reference_path=str(ref_path), metric="max_abs",
+        tolerance=1e-3, atol=1e-3, rtol=1e-3, gate_samples=1, warmup_s=0.0, min_repeats=2, min_duration_s=0.0, timeout_s=120,
+    )
+    result = run_isolated(job, tmp_path / "trial")
+    assert result.status == "unknown-switch"
+    assert "no_such_switch" in result.message and result.phase == "build"
+
+
+@needs_torch
+def test_onnx_route_builds_runs_and_reloads_from_its_artifact(tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str) -> None:
+    pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
+    from tuner.backends.inductor.build import BUILT
+
+    model, feeds = mlp
+    backend = get_backend("inductor")
+    reference = compute_reference(model, feeds)
+    route = backend.space(ModelInfo(model, {"x": SHAPE}, {"device": "cpu"})).default_route()
+    ctx = _ctx(tmp_path, model, feeds, {"device": "cpu"})
+    artifact = backend.build(route, ctx)
+    with tarfile.open(artifact.path) as tar:
+        assert tar.getnames() == ["manifest.json", "graph_000.py"]
+        code = tar.extractfile("graph_000.py").read().decode()  # type: ignore[union-attr]
+        manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
+    assert "cpp_fused" in code and "def call(" in code  # Inductor's own output code, C++ kernel inline
+    assert manifest["route"] == route and manifest["graphs"] == 1 and manifest["device"] == "cpu"
+    runner = backend.load(artifact, route, ctx)
+    outputs = [runner.infer(f) for f in feeds]
+    for got, want in zip(outputs, reference):
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+    once = runner.timed(feeds[0])
+    assert all(once() > 0 for _ in range(3))
+    assert runner.timing_info()["clock"] == "host-perf_counter"
+    runner.close()
+
+    assert str(artifact.path) not in BUILT  # consumed: the next load must come from the artifact
+    again = _ctx(tmp_path, model, feeds, {"device": "cpu"}, out="again")
+    rebuilt = backend.build(route, again)
+    assert rebuilt.info["cache_hits"] >= 1
+    assert _sha(rebuilt.path) == _sha(artifact.path)  # same route, same code: same artifact bytes
+    log: list[str] = []
+    BUILT.clear()
+    reloaded = backend.load(artifact, route, BuildContext(again.model, again.work_dir, tmp_path / "load", feeds, log=log.append))
+    np.testing.assert_array_equal(reloaded.infer(feeds[0])["y"], outputs[0]["y"])
+    assert log == []  # recompiled to the same code as the stored artifact
+    reloaded.close()
+
+
+@needs_torch
+def test_module_function_source_in_bf16(tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str) -> None:
+    model, feeds = mlp
+    backend = get_backend("inductor")
+    options = {"device": "cpu", "module": "tests.test_inductor:mlp_module"}
+    route = {**backend.space(ModelInfo(model, {"x": SHAPE}, options)).default_route(), "precision": "bf16"}
+    ctx = _ctx(tmp_path, model, feeds, options)
+    runner = backend.load(backend.build(route, ctx), route, ctx)
+    got, want = runner.infer(feeds[0])["y"], compute_reference(model, feeds[:1])[0]["y"]
+    assert got.dtype == np.float32
+    assert np.abs(got - want).max() < 0.05 and np.abs(got - want).max() > 0  # bf16: close, not bit-equal
+    runner.close()
+    bad = _ctx(tmp_path, model, feeds, {**options, "module": "tests.test_inductor:wrong_shape_module"}, out="bad")
+    with pytest.raises(BuildError, match=r"example inputs have shapes \[\(3, 16\)\]"):
+        backend.build(route, bad)
+
+
+@needs_torch
+@pytest.mark.slow
+def test_inductor_study_end_to_end(tmp_path: Path, mlp: tuple[Path, Any], write_spec: SpecWriter, pg_url: str, shared_cache: str) -> None:
+    pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
+    fixed = {"mode": ["default"], "precision": ["fp32"], "epilogue_fusion": [True], "aggressive_fusion": [False],
+             "max_fusion_size": [64], "pattern_matcher": [True], "freezing": [False]}
+    spec = write_spec(**{"model.path": str(mlp[0]), "backend.name": "inductor", "backend.options": {"device": "cpu"},
+                         "backend.space": fixed, "accuracy.metric": "max_abs", "accuracy.tolerance": 1e-4, "run.budget": 2})
+    proc = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", env={"TORCHINDUCTOR_CACHE_DIR": shared_cache})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = optuna.load_study(study_name="tiny", storage=pg_url)
+    trials = sorted(study.get_trials(), key=lambda t: t.number)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    first, second = trials
+    assert first.user_attrs["failure_class"] == "" and first.value > 0
+    assert second.user_attrs["cache_hit"] is True  # the one route of this space was not compiled twice
+    artifacts = list((tmp_path / ".tuner" / "tiny" / "artifacts").glob("*.tar"))
+    assert [a.name for a in artifacts] == [f"{first.user_attrs['artifact_sha256']}.tar"]
+    result = json.loads((tmp_path / ".tuner" / "tiny" / "trials" / "00000" / "result.json").read_text())
+    assert result["timing_info"]["clock"] == "host-perf_counter" and result["build_s"] > 0
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
