@@ -13,13 +13,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     MPLCONFIGDIR=/tmp/matplotlib
 
 WORKDIR /opt/route-tuner
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY tuner ./tuner
 COPY migrations ./migrations
-# Versions are pinned by pyproject.toml (the project plus its "tensorrt" extra). Editable: the schema
-# migrations are read from /opt/route-tuner/migrations (a wheel does not carry them yet).
+# Versions are pinned by pyproject.toml (the project plus its "tensorrt" extra).
 # hadolint ignore=DL3013
-RUN python3 -m pip install --no-cache-dir -e ".[tensorrt]" \
+RUN python3 -m pip install --no-cache-dir ".[tensorrt]" \
  && python3 -c "import tensorrt, tuner.cli.main; print('tensorrt', tensorrt.__version__)"
 
 # Unprivileged by default; compose runs it as the host user (TUNER_UID) so bind-mounted study folders stay writable.

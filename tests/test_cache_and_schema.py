@@ -22,11 +22,11 @@ def test_repeated_route_is_served_from_the_cache_and_a_changed_model_is_not(writ
     markers = tmp_path / "markers"
     options = {"marker_dir": str(markers)}
     first = write_spec("a.toml", **{"study.name": "first", "backend.name": FAULT, "backend.options": options, "run.budget": 1})
-    assert tuner("run", str(first), "--storage", pg_url).returncode == 0
+    assert tuner("run", str(first), "--no-confirm", "--storage", pg_url).returncode == 0
     assert _builds(markers) == 1
     # Another study with the same model, data and route: the baseline result is reused, nothing is built.
     second = write_spec("b.toml", **{"study.name": "second", "backend.name": FAULT, "backend.options": options, "run.budget": 1})
-    assert tuner("run", str(second), "--storage", pg_url).returncode == 0
+    assert tuner("run", str(second), "--no-confirm", "--storage", pg_url).returncode == 0
     assert _builds(markers) == 1
     reused = trials(pg_url, "second")[0]
     assert reused.user_attrs["cache_hit"] is True and reused.user_attrs["cached_from"] == "first#0"
@@ -34,14 +34,14 @@ def test_repeated_route_is_served_from_the_cache_and_a_changed_model_is_not(writ
     # Same shapes, different weights: a new key, so a real build.
     conv_model(tmp_path / "tiny.onnx", seed=1)
     third = write_spec("c.toml", **{"study.name": "third", "backend.name": FAULT, "backend.options": options, "run.budget": 1})
-    assert tuner("run", str(third), "--storage", pg_url).returncode == 0
+    assert tuner("run", str(third), "--no-confirm", "--storage", pg_url).returncode == 0
     assert _builds(markers) == 2
     assert trials(pg_url, "third")[0].user_attrs["cache_hit"] is False
 
 
 def test_first_run_sets_up_both_schemas_apart(write_spec, pg_url) -> None:
     spec = write_spec(**{"run.budget": 1})
-    assert tuner("run", str(spec), "--storage", pg_url).returncode == 0
+    assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
     engine = create_engine(normalize_url(pg_url))
     tables = set(inspect(engine).get_table_names())
     assert {"trials", "studies", "alembic_version"} <= tables  # Optuna's

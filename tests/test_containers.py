@@ -103,9 +103,10 @@ def test_dockerfile_structure(kind: str) -> None:
     assert users and users[-1] not in ("root", "0")
     assert [args for op, args in steps if op == "ENTRYPOINT"] == ['["tuner"]']
     installs = " ".join(args for op, args in steps if op == "RUN" and "pip install" in args)
-    assert ('-e ".[tensorrt]"' if kind == "gpu" else "-e .") in installs
+    assert ('install --no-cache-dir ".[tensorrt]"' if kind == "gpu" else "install --no-cache-dir .") in installs
+    assert " -e " not in installs  # a wheel install: the migrations travel inside the package
     workdirs = [args for op, args in steps if op == "WORKDIR"]
-    assert workdirs[0] == "/opt/route-tuner"  # the editable install's tree: tuner/ beside migrations/
+    assert workdirs[0] == "/opt/route-tuner"
 
 
 def test_hadolint_finds_nothing() -> None:
@@ -127,7 +128,6 @@ def test_the_images_find_the_migrations_beside_the_package(tmp_path: Path) -> No
     assert Path(where).resolve() == (tree / "migrations").resolve() and head, res.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="pyproject.toml: packages.find does not pick up the package-dir mapping tuner.migrations")
 def test_a_wheel_carries_the_migrations(tmp_path: Path) -> None:
     """A non-editable install (`pip install route-tuner`) must hold everything the services run."""
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],

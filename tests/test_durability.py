@@ -18,13 +18,13 @@ def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(write_spec, pg_u
     markers = tmp_path / "markers"
     spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
                          "run.budget": 6, "run.workers": 2})
-    proc = start_tuner("run", str(spec), "--storage", pg_url, log=tmp_path / "run1.log")
+    proc = start_tuner("run", str(spec), "--no-confirm", "--no-confirm", "--storage", pg_url, log=tmp_path / "run1.log")
     wait_for_file(markers / "blocked-0", proc)
     worker_pid = int((markers / "blocked-0").read_text())
     os.kill(worker_pid, signal.SIGKILL)  # mid-build: the trial's child is blocked inside build()
     proc.wait(timeout=300)
     assert proc.returncode != 0  # the run reports that a worker died
-    again = tuner("run", str(spec), "--storage", pg_url)
+    again = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
     assert again.returncode == 0, again.stderr
 
     ts = trials(pg_url, "tiny")
@@ -43,7 +43,7 @@ def test_segfault_and_hang_are_classified_and_the_worker_goes_on(write_spec, sql
     markers = tmp_path / "markers"
     spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "segfault", "1": "hang", "2": "error"}},
                          "run.budget": 4, "run.trial_timeout_s": 3.0})
-    result = tuner("run", str(spec), "--storage", sqlite_url)
+    result = tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url)
     assert result.returncode == 0, result.stderr
     ts = sorted(trials(sqlite_url, "tiny"), key=lambda t: t.number)
     classes = [t.user_attrs.get("failure_class") for t in ts]
@@ -56,13 +56,13 @@ def test_segfault_and_hang_are_classified_and_the_worker_goes_on(write_spec, sql
 
 def test_three_workers_end_at_exactly_the_budget(write_spec, pg_url) -> None:
     spec = write_spec(**{"run.budget": 7, "run.workers": 3})
-    result = tuner("run", str(spec), "--storage", pg_url)
+    result = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
     assert result.returncode == 0, result.stderr
     ts = trials(pg_url, "tiny")
     assert len([t for t in ts if t.state.is_finished()]) == 7
     assert len(ts) == 7
     # resuming with a larger total budget runs only the difference
-    more = tuner("run", str(spec), "--storage", pg_url, "--trials", "9")
+    more = tuner("run", str(spec), "--no-confirm", "--storage", pg_url, "--trials", "9")
     assert more.returncode == 0, more.stderr
     assert len(trials(pg_url, "tiny")) == 9
 
@@ -71,7 +71,7 @@ def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(write_spec
     markers = tmp_path / "markers"
     spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"1": "block"}},
                          "run.budget": 3})
-    proc = start_tuner("run", str(spec), "--storage", sqlite_url, log=tmp_path / "run.log")
+    proc = start_tuner("run", str(spec), "--no-confirm", "--no-confirm", "--storage", sqlite_url, log=tmp_path / "run.log")
     wait_for_file(markers / "blocked-1", proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
@@ -82,16 +82,16 @@ def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(write_spec
     waiting = [t for t in ts if t.state == TrialState.WAITING]
     assert len(waiting) == 1 and waiting[0].user_attrs["retry_of"] == interrupted[0].number
     (markers / "release").write_text("")
-    assert tuner("run", str(spec), "--storage", sqlite_url).returncode == 0
+    assert tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url).returncode == 0
     s = status(tuner("status", str(spec), "--storage", sqlite_url, "--json"))
     assert s["complete"] + s["pruned"] + s["failed"] == 3 and s["waiting"] == 0
 
 
 def test_resume_with_an_incompatible_spec_is_refused(write_spec, pg_url) -> None:
     spec = write_spec(**{"run.budget": 1})
-    assert tuner("run", str(spec), "--storage", pg_url).returncode == 0
+    assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
     changed = write_spec(**{"run.budget": 3, "accuracy.tolerance": 0.5, "backend.space": {"precision": ["fp32", "fp16"]}})
-    result = tuner("run", str(changed), "--storage", pg_url)
+    result = tuner("run", str(changed), "--no-confirm", "--storage", pg_url)
     assert result.returncode == 2
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1

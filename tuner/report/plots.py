@@ -127,7 +127,8 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
 
     for feasible, color, marker, label in ((True, FEASIBLE, "o", "feasible"), (False, INFEASIBLE, "x", "over tolerance")):
         chosen = [t for t in pts if t.feasible == feasible]
-        ax.scatter([x_of(t) for t in chosen], [_latency(t) for t in chosen], c=color, marker=marker, s=30, zorder=3, label=label)
+        if chosen:
+            ax.scatter([x_of(t) for t in chosen], [_latency(t) for t in chosen], c=color, marker=marker, s=30, zorder=3, label=label)
     if gated:
         ax.plot([x_of(t) for t in gated], [0] * len(gated), "|", color="#ff7f0e", ms=14, mew=2, transform=ax.get_xaxis_transform(),
                 clip_on=False, label=f"rejected by the accuracy gate, not timed ({len(gated)})")

@@ -9,7 +9,6 @@ child's environment. `build` hands back the stored file when it is present with 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from tuner.backends import get_backend
 from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.measure.inputs import file_hash
 from tuner.space import Route, SearchSpace
 
 REUSE_ENV = "TUNER_REUSE_ARTIFACT"
@@ -26,14 +26,6 @@ WRAPPER = "tuner.study.reuse:StoredArtifactBackend"
 def reuse_env(backend: str, artifact: Path | None, sha256: str | None) -> dict[str, str]:
     """The child environment that makes `WRAPPER` stand for `backend` with the stored `artifact`."""
     return {REUSE_ENV: json.dumps({"backend": backend, "path": str(artifact) if artifact else None, "sha256": sha256})}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class StoredArtifactBackend(Backend):
@@ -57,7 +49,7 @@ class StoredArtifactBackend(Backend):
 
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         """The stored artifact if it is intact, else a fresh build."""
-        if self.stored is not None and self.stored.is_file() and _sha256(self.stored) == self.sha256:
+        if self.stored is not None and self.stored.is_file() and file_hash(self.stored) == self.sha256:
             ctx.log(f"reusing stored artifact {self.stored.name}")
             return Artifact(self.stored, 0.0, {"reused": True})
         ctx.log("stored artifact missing or changed; rebuilding")
