@@ -31,6 +31,7 @@ from tuner.backends.base import BuildContext, BuildError, ModelInfo
 from tuner.measure.gpu_timing import GpuTimingError
 from tuner.measure.inputs import save_feeds
 from tuner.measure.reference import compute_reference
+from tuner.store.urls import normalize_url
 from tuner.worker import job as J
 from tuner.worker.isolate import run_isolated
 
@@ -41,19 +42,28 @@ SHAPE = (2, 16)
 
 def _weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
-    return (rng.normal(0, 0.3, (16, 32)).astype(np.float32), rng.normal(0, 0.1, (32,)).astype(np.float32),
+    return (rng.normal(0, 0.3, (18, 32)).astype(np.float32), rng.normal(0, 0.1, (32,)).astype(np.float32),
             rng.normal(0, 0.3, (32, 4)).astype(np.float32))
 
 
 def mlp_onnx(path: Path) -> Path:
-    """x [2,16] -> MatMul -> Add -> Relu -> MatMul -> y [2,4]."""
+    """x [2,16] -> Pad(1, 1) -> MatMul -> Add -> Relu -> MatMul -> Reshape(constant [-1, 4]) -> y [2,4].
+
+    Pad and Reshape take their pads and shape as tensors, as exported CNNs do (EfficientNet's same
+    padding, the flatten before the classifier); onnx2torch's modules for them break or fail Dynamo
+    tracing until the backend makes them static.
+    """
     w1, b1, w2 = _weights()
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["a"]),
-         helper.make_node("Relu", ["a"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])],
+        [helper.make_node("Pad", ["x", "pads"], ["p"]),
+         helper.make_node("MatMul", ["p", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["a"]),
+         helper.make_node("Relu", ["a"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["m"]),
+         helper.make_node("Reshape", ["m", "shape"], ["y"])],
         "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [SHAPE[0], 4])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"), numpy_helper.from_array(w2, "w2")],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"), numpy_helper.from_array(w2, "w2"),
+         numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape"),
+         numpy_helper.from_array(np.array([0, 1, 0, 1], dtype=np.int64), "pads")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -66,12 +76,12 @@ def mlp_module() -> tuple[Any, tuple[Any, ...]]:
     import torch
 
     w1, b1, w2 = _weights()
-    first, second = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4, bias=False)
+    first, second = torch.nn.Linear(18, 32), torch.nn.Linear(32, 4, bias=False)
     with torch.no_grad():
         first.weight.copy_(torch.from_numpy(w1.T))
         first.bias.copy_(torch.from_numpy(b1))
         second.weight.copy_(torch.from_numpy(w2.T))
-    return torch.nn.Sequential(first, torch.nn.ReLU(), second), (torch.zeros(SHAPE),)
+    return torch.nn.Sequential(torch.nn.ConstantPad1d(1, 0.0), first, torch.nn.ReLU(), second), (torch.zeros(SHAPE),)
 
 
 def wrong_shape_module() -> tuple[Any, tuple[Any, ...]]:
@@ -192,7 +202,7 @@ def test_onnx_route_builds_runs_and_reloads_from_its_artifact(tmp_path: Path, ml
         code = tar.extractfile("graph_000.py").read().decode()  # type: ignore[union-attr]
         manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
     assert "cpp_fused" in code and "def call(" in code  # Inductor's own output code, C++ kernel inline
-    assert manifest["route"] == route and manifest["graphs"] == 1 and manifest["device"] == "cpu"
+    assert manifest["route"] == route and manifest["graphs"] == 1 and manifest["device"] == "cpu"  # one graph: no break at Pad or Reshape
     runner = backend.load(artifact, route, ctx)
     outputs = [runner.infer(f) for f in feeds]
     for got, want in zip(outputs, reference):
@@ -242,7 +252,7 @@ def test_inductor_study_end_to_end(tmp_path: Path, mlp: tuple[Path, Any], write_
                          "backend.space": fixed, "accuracy.metric": "max_abs", "accuracy.tolerance": 1e-4, "run.budget": 2})
     proc = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", env={"TORCHINDUCTOR_CACHE_DIR": shared_cache})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    study = optuna.load_study(study_name="tiny", storage=pg_url)
+    study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
     trials = sorted(study.get_trials(), key=lambda t: t.number)
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
     first, second = trials

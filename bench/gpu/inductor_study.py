@@ -41,6 +41,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=480.0, help="seconds allowed for each `tuner run`")
     p.add_argument("--smoke", action="store_true", help="first check the runner, the CUDA-event timer and CUDA graphs; stop if they fail")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout` from outside: stop the study, keep what it did
     doc: dict[str, Any] = {"environment": environment(), "studies": []}
     write(args.out, doc)
     if args.smoke:
@@ -54,12 +55,22 @@ def main() -> None:
         try:
             entry.update(run_study(spec_path, args.gpus, args.trials, args.timeout, args.out.parent))
             write(args.out, doc)
+            if entry["returncode"] == "interrupted":
+                sys.exit(130)
             if args.compare:
                 entry["side_by_side"] = side_by_side(spec_path, entry["storage"], args.rounds)
         except Exception as exc:  # record and go on with the next study: device time is scarce
             entry["error"] = f"{type(exc).__name__}: {exc}"
+        except KeyboardInterrupt:
+            entry["error"] = "interrupted"
+            write(args.out, doc)
+            sys.exit(130)
         write(args.out, doc)
     print(json.dumps(doc, indent=1, default=str)[-6000:])
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def write(path: Path, doc: dict[str, Any]) -> None:
@@ -182,7 +193,7 @@ def run_study(spec_path: Path, gpus: str, trials: int | None, timeout: float, lo
     cmd += ["--trials", str(trials)] if trials else []
     sampler = GpuSampler()
     t0 = time.time()
-    log = log_dir / f"{spec.study}-{gpus.replace(',', '+')}.log"
+    log = log_dir / f"{spec.study}-gpus{gpus.replace(',', '-')}.log"
     with open(log, "w") as f:
         rc = run_bounded(cmd, f, timeout)
     wall = time.time() - t0
@@ -195,14 +206,14 @@ def run_bounded(cmd: list[str], log: Any, timeout: float) -> int | str:
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
         os.killpg(proc.pid, signal.SIGINT)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        return "timeout"
+        return "timeout" if isinstance(exc, subprocess.TimeoutExpired) else "interrupted"
 
 
 def collect(spec: Any, storage: str, wall: float) -> dict[str, Any]:

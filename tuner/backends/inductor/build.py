@@ -35,6 +35,7 @@ from tuner.space import Route
 
 ARTIFACT = "inductor.tar"
 WARMUP_CALLS = 3  # CUDA-graph modes record on the third call; every compile happens before timing
+ONNX_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}  # torch -> ONNX Pad mode
 BUILT: dict[str, Engine] = {}  # engines built in this process, by artifact path, for `load`
 
 
@@ -83,7 +84,7 @@ def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -
         raise BuildError("backend.options.device = 'cuda' but torch sees no CUDA device")
     cache_dir(work_dir)
     t0 = time.perf_counter()
-    module, output_names = load_source(model)
+    module, output_names = load_source(model, feed)
     source_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     hits = _cache_hits(counters)
@@ -104,7 +105,7 @@ def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -
     return engine, codes, timings
 
 
-def load_source(model: ModelInfo) -> tuple[Any, list[str]]:
+def load_source(model: ModelInfo, feed: Feed) -> tuple[Any, list[str]]:
     """The eager torch module for the study (onnx2torch or backend.options.module) and the output names."""
     output_names = _onnx_outputs(model.path)
     target = model.options.get("module")
@@ -115,9 +116,55 @@ def load_source(model: ModelInfo) -> tuple[Any, list[str]]:
     except ImportError as exc:
         raise BuildError(f"onnx2torch is not installed ({exc}); pip install 'route-tuner[inductor]' or set backend.options.module") from exc
     try:
-        return convert(str(model.path)).eval(), output_names
+        module = convert(str(model.path)).eval()
     except Exception as exc:  # onnx2torch raises NotImplementedError for unsupported ops, KeyError, ...
         raise BuildError(f"onnx2torch: {type(exc).__name__}: {_first_line(exc)}") from exc
+    return static_shapes(module, [feed[name] for name in model.input_shapes]), output_names
+
+
+def static_shapes(module: Any, example: list[Any]) -> Any:
+    """Specialise onnx2torch's shape-taking modules to the study's fixed input shapes.
+
+    onnx2torch passes a Reshape's target shape and a Pad's pads as tensors: Dynamo cannot trace
+    `torch.Size(tensor)` (an internal error) and breaks the graph at every `pads.tolist()`. A
+    study's input shapes are fixed, so one eager run through `torch.fx.Interpreter` records each
+    one's concrete arguments and output: a Reshape becomes `torch.reshape` to its output shape, a
+    Pad becomes onnx2torch's own static Pad module with the recorded pads.
+    """
+    import torch
+    from onnx2torch.node_converters.pad import OnnxPadDynamic, OnnxPadStatic
+    from onnx2torch.node_converters.reshape import OnnxReshape
+    from torch.fx import Interpreter
+
+    kinds = (OnnxReshape, OnnxPadDynamic)
+    targets = {n for n in module.graph.nodes if n.op == "call_module" and isinstance(module.get_submodule(n.target), kinds)}
+    seen: dict[Any, tuple[tuple[Any, ...], Any]] = {}
+
+    class Recorder(Interpreter):
+        def run_node(self, n: Any) -> Any:
+            out = super().run_node(n)
+            if n in targets:
+                seen[n] = (self.fetch_args_kwargs_from_env(n)[0], out)
+            return out
+
+    if targets:
+        with torch.no_grad():
+            Recorder(module).run(*(torch.from_numpy(a) for a in example))
+    for n, (args, out) in seen.items():
+        sub = module.get_submodule(n.target)
+        if isinstance(sub, OnnxReshape):
+            with module.graph.inserting_before(n):
+                n.replace_all_uses_with(module.graph.call_function(torch.reshape, (n.args[0], tuple(out.shape))))
+            module.graph.erase_node(n)
+        else:
+            value = float(args[2]) if len(args) > 2 and args[2] is not None else 0.0
+            module.add_submodule(n.target, OnnxPadStatic.create_from_onnx_params(
+                onnx_pads=args[1].tolist(), onnx_mode=ONNX_PAD_MODES[sub.mode], constant_value=value))
+            n.args = (n.args[0],)
+    module.graph.eliminate_dead_code()
+    module.delete_all_unused_submodules()
+    module.recompile()
+    return module
 
 
 def _from_function(target: str, model: ModelInfo) -> Any:
