@@ -16,8 +16,9 @@ $(CORE):
 	touch $@
 
 $(TESTDEPS): $(CORE)
-	# torch pinned first: the CPU wheel (never a multi-GB CUDA build) for the inductor backend's tests
-	$(PY) -m pip install -q "torch==2.13.0"
+	# torch and torchvision pinned together first (onnx2torch imports torchvision; this pair is the one
+	# pip takes from the machine's local wheel store): the inductor backend's CPU tests
+	$(PY) -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
 	$(PY) -m pip install -q -e '.[dev,inductor]'
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	rm -f $(VENV)/.test-*

@@ -122,7 +122,7 @@ class OliveStyle:
 
 def optuna_search(
     oracle: Oracle, ev: Evaluator, sampler: optuna.samplers.BaseSampler, encoding: Encoding,
-    baseline: bool = True, reask_duplicates: bool = False, max_trials_factor: int = 20,
+    baseline: bool = True, reask_duplicates: bool = False, max_trials_factor: int = 3,
 ) -> None:
     """Ask/tell until the build budget is spent (or the sampler keeps re-proposing evaluated routes).
 

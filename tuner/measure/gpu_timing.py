@@ -99,26 +99,37 @@ def _version(code: int) -> str:
 
 
 def _nvml_clocks(bus_id: str) -> dict[str, Any]:
-    """SM/memory clocks (current and maximum, MHz), power state and driver version from NVML, if readable."""
+    """SM/memory clocks (current and maximum, MHz), power state and driver version from NVML.
+
+    Each reading is taken on its own, so one query a virtualised GPU refuses loses only that field;
+    when NVML cannot be used at all, `nvml` says why.
+    """
     try:
         import pynvml
     except ImportError:
-        return {}
+        return {"nvml": "nvidia-ml-py is not installed"}
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return {}
+    except pynvml.NVMLError as exc:
+        return {"nvml": f"unavailable: {exc}"}
     try:
-        handle = pynvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id)
-        return {
-            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            "pstate": int(pynvml.nvmlDeviceGetPerformanceState(handle)),
-            "nvidia_driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode())
+        readings: dict[str, Callable[[], Any]] = {
+            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "pstate": lambda: int(pynvml.nvmlDeviceGetPerformanceState(handle)),
+            "nvidia_driver": lambda: _text(pynvml.nvmlSystemGetDriverVersion()),
         }
-    except Exception:  # clocks are context for a measurement; never fail one over them
-        return {}
+        out: dict[str, Any] = {}
+        for key, read in readings.items():
+            try:
+                out[key] = read()
+            except pynvml.NVMLError:
+                continue
+        return out
+    except Exception as exc:  # clocks are context for a measurement; never fail one over them
+        return {"nvml": f"no reading for {bus_id}: {type(exc).__name__}: {exc}"}
     finally:
         pynvml.nvmlShutdown()

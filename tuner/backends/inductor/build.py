@@ -6,12 +6,12 @@ backend.options.module = "pkg.mod:fn" returns (fn() -> (torch.nn.Module, example
 The artifact is `inductor.tar`: the output code Inductor generated for the route (one Python module
 per compiled graph, holding the wrapper that launches the kernels and every Triton/C++ kernel's
 source inline, captured through Inductor's `GraphLowering.save_output_code` hook) and
-`manifest.json` (route, compile options, timings). That code *is* the engine: equal code gives an
-equal hash, and a reviewer reads in it what a route changed (fusions, GEMM templates, CUDA-graph
+`manifest.json` (route, compile options, device, graph count, code hash). That code *is* the
+engine: equal code gives an equal hash, and a reviewer reads in it what a route changed (fusions, GEMM templates, CUDA-graph
 wrapping). Compiled binaries stay in Inductor's cache, shared by the study's trials on this machine
 (`$TORCHINDUCTOR_CACHE_DIR` if set, else `<work_dir>/inductor-cache`), so a route compiled before is
 a cache hit; loading an artifact in another process recompiles its route from that cache
-and checks that the code is the same. The tar is written deterministically (sorted, zeroed metadata).
+and checks that the code is the same. The tar is written deterministically (fixed order, zeroed metadata).
 """
 
 from __future__ import annotations
