@@ -113,7 +113,8 @@ def _nvml_clocks(bus_id: str) -> dict[str, Any]:
     except pynvml.NVMLError as exc:
         return {"nvml": f"unavailable: {exc}"}
     try:
-        handle = pynvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode())
+        by_bus = getattr(pynvml, "nvmlDeviceGetHandleByPciBusId_v2", None) or pynvml.nvmlDeviceGetHandleByPciBusId
+        handle = by_bus(bus_id.encode())
         readings: dict[str, Callable[[], Any]] = {
             "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
             "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
