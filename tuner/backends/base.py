@@ -75,7 +75,7 @@ class Runner(abc.ABC):
         """Facts to store with a latency measurement (clock source, device clocks, ...)."""
         return {"clock": "host-perf_counter"}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most runners hold nothing to release
         """Release resources (sessions, device memory)."""
 
 

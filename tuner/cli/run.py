@@ -7,7 +7,6 @@ import time
 from typing import Annotated, Any
 
 import optuna
-import optuna
 import typer
 from rich.live import Live
 from rich.text import Text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 
@@ -89,7 +89,7 @@ def render(data: ReportData, figures: dict[str, Path]) -> str:
         f"<figcaption>{escape(CAPTIONS.get(name, ''))}</figcaption></figure>"
         for name, path in figures.items()
     )
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Route Tuner report: {escape(data.study)}</title>"
         f"<style>{STYLE}</style></head><body><h1>Route Tuner report: {escape(data.study)}</h1>"

@@ -1,5 +1,6 @@
 """The study file (TOML): what to tune, how to judge it, where to keep it."""
 
+from tuner.spec.load import load_spec, resolve_storage
 from tuner.spec.model import (
     AccuracySpec,
     BackendSpec,
@@ -9,7 +10,6 @@ from tuner.spec.model import (
     RunSpec,
     Spec,
 )
-from tuner.spec.load import load_spec, resolve_storage
 
 __all__ = [
     "AccuracySpec",

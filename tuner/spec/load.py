@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpecError, TunerError
-from tuner.store.urls import normalize_url
 from tuner.spec.model import AccuracySpec, BackendSpec, DataSpec, ModelSpec, ObjectiveSpec, RunSpec, Spec
+from tuner.store.urls import normalize_url
 
 STORAGE_ENV = "TUNER_STORAGE"
 SAMPLERS = ("tpe", "random", "gp")
@@ -128,7 +128,7 @@ def _model(r: _Reader, base: Path) -> ModelSpec:
     graph_inputs = read_inputs(r, path)
     declared = r.get(t, "model", "inputs", dict, {})
     shapes: dict[str, tuple[int, ...]] = {}
-    for name, (dtype, dims) in graph_inputs.items():
+    for name, (_dtype, dims) in graph_inputs.items():
         entry = declared.get(name)
         field = f"model.inputs.{name}"
         if entry is None:

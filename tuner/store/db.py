@@ -9,9 +9,9 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from functools import cache
-from typing import Any, TypeVar
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import make_url

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 
-from tuner.study.outcome import UNCOUNTED
 from tuner.store.db import get_engine
+from tuner.study.outcome import UNCOUNTED
 
 
 @dataclass(frozen=True)

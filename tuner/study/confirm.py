@@ -18,7 +18,7 @@ import statistics
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k:
     baseline = summary.baseline
     doc: dict[str, Any] = {
         "confidence": confidence, "statistic": ctx.spec.objective.statistic, "study_best_trial": summary.best.number if summary.best else None,
-        "baseline_trial": baseline.number if baseline else None, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "baseline_trial": baseline.number if baseline else None, "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     candidates = pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if baseline and is_feasible(baseline) else []
     if not candidates:

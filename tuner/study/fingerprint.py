@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.measure.inputs import file_hash
-from tuner.spec import Spec
 from tuner.space import SearchSpace
+from tuner.spec import Spec
 
 
 def study_fingerprint(spec: Spec, space: SearchSpace, data_sha: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:

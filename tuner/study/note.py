@@ -8,7 +8,7 @@ is the tuner's: edits made in the dashboard are overwritten by the next update.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import optuna
@@ -64,7 +64,7 @@ def render_note(s: Summary, confirmation: dict[str, Any] | None, now: datetime |
     if s.best is not None:
         route = ", ".join(f"{k}={v}" for k, v in s.best.params.items())
         lines.append(f"**Route of #{s.best.number}:** `{route[:600]}`")
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines.append(f"_Written by route-tuner at {stamp}; edits here are overwritten._")
     return "\n\n".join(lines)[:NOTE_LIMIT]
 

@@ -22,8 +22,8 @@ from tuner.backends.base import Backend, ModelInfo
 from tuner.errors import ResumeError, TunerError
 from tuner.measure.inputs import feeds_hash, file_hash, load_feeds, save_feeds
 from tuner.measure.reference import cached_reference
-from tuner.spec import Spec
 from tuner.space import SearchSpace
+from tuner.spec import Spec
 from tuner.store.db import check_reachable, engine_kwargs, ensure_schema, get_engine, study_lock
 from tuner.store.models import StudyRecord
 from tuner.store.urls import mask_url, scrub

@@ -81,7 +81,7 @@ def _runtime_check(api: TrtApi) -> dict[str, Any]:
 
 def report(runtime: bool) -> dict[str, Any]:
     """The probe's findings, in this process."""
-    from tuner.backends.tensorrt.build import logged_errors, make_logger
+    from tuner.backends.tensorrt.build import make_logger
 
     api = load_trt()
     trt = api.trt
