@@ -219,3 +219,21 @@ sys.exit(se.main(['--seeds', '2', '--budget', '6', '--strategies', 'ours', 'rand
     md = (tmp_path / "r.md").read_text()
     assert "<!-- results:begin -->" in md and "| `gpt-fast` |" in md
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_default_sampler_builds_an_untried_route_instead_of_a_repeat() -> None:
+    import optuna
+
+    from tuner.spec import RunSpec
+    from tuner.study.sampler import make_sampler
+
+    study = optuna.create_study(sampler=make_sampler(RunSpec(budget=1, startup_trials=4), 0))
+    seen: list[tuple[int, str]] = []
+    for i in range(12):
+        t = study.ask()
+        route = (t.suggest_categorical("a", [0, 1, 2]), t.suggest_categorical("b", ["x", "y", "z"]))
+        if i >= 4 and len(set(seen)) < 9:  # after the random start-up trials, no repeat while any route is untried
+            assert route not in seen
+        seen.append(route)
+        study.tell(t, route[0] + ord(route[1]) / 100)
+    assert len(set(seen)) == 9

@@ -96,6 +96,7 @@ class Oracle:
         values = [v for p in points if (v := self.true_value(p)) is not None]
         failing = sum(1 for p in points if p.invalid or any(r.status != J.OK for r in p.rounds))
         best_key = min(self.truth, key=self.truth.__getitem__)
+        spreads = [max(m) / min(m) for p in points if len(m := [float(np.median(r.samples_ms)) for r in p.rounds if r.timed]) > 1]
         return {
             "routes": len(points), "feasible": len(self.truth), "failing": failing,
             "timed_infeasible": sum(1 for p in points if self.true_value(p) is not None and p.key not in self.truth),
@@ -103,5 +104,6 @@ class Oracle:
             "fastest_any_ms": min(values) if values else None,
             "within_2pct": sum(1 for v in self.truth.values() if v <= 1.02 * self.best),
             "within_5pct": sum(1 for v in self.truth.values() if v <= 1.05 * self.best),
+            "round_spread": float(np.median(spreads)) if spreads else 1.0,
             "best_route": next(p.route for p in points if p.key == best_key),
         }

@@ -62,8 +62,6 @@ class Recorder:
         self.routes = every
         self.dir = self.ctx.work_dir / "landscape"
         self.journal = self.dir / "journal.jsonl"
-        self.started = time.time()
-        self.load_start = os.getloadavg()
 
     # -- measuring ---------------------------------------------------------------------------
 
@@ -98,7 +96,7 @@ class Recorder:
 
     def _measure(self, route: Route, rnd: int, feeds: list[str]) -> dict[str, Any]:
         key = route_hash(route)
-        entry: dict[str, Any] = {"key": key, "round": rnd, "route": route}
+        entry: dict[str, Any] = {"key": key, "round": rnd, "route": route, "t": round(time.time(), 1), "load1": os.getloadavg()[0]}
         reason = self.ctx.space.check(route)
         if reason:
             return {**entry, "status": J.INVALID_ROUTE, "phase": "", "message": reason}
@@ -183,10 +181,8 @@ class Recorder:
             "backend": {"name": b.name, "version": b.version(), "options": spec.backend.options},
             "environment": {
                 "device": b.device(), "python": platform.python_version(), "platform": platform.platform(),
-                "tuner": __version__, "numpy": np.__version__, "niceness": os.nice(0),
-                "loadavg_start": self.load_start, "loadavg_end": os.getloadavg(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
-                "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "tuner": __version__, "numpy": np.__version__, "niceness": os.nice(0), **_contention(done),
+                "written": _utc(time.time()),
             },
             "model": {"file": spec.model.path.name, "sha256": c.model_sha, "inputs": {k: list(v) for k, v in spec.model.inputs.items()}},
             "data": {"sha256": c.data_sha, "samples": spec.data.samples, "gate_samples": spec.data.gate_samples},
@@ -199,6 +195,21 @@ class Recorder:
                 "routes_with_differing_outputs": mismatches,
             },
         }
+
+
+def _contention(done: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """When the measurements were taken and the 1-minute load average at each (where journaled)."""
+    entries = [e for rounds in done.values() for e in rounds.values() if "t" in e]
+    if not entries:
+        return {}
+    loads = np.array([e["load1"] for e in entries])
+    return {"measured_from": _utc(min(e["t"] for e in entries)), "measured_to": _utc(max(e["t"] for e in entries)),
+            "loadavg_1min": {"min": round(float(loads.min()), 2), "median": round(float(np.median(loads)), 2), "max": round(float(loads.max()), 2),
+                             "measurements": len(entries)}}
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def _timing(ctx: Context) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from bench.landscape.oracle import Oracle
 from tuner.spec import RunSpec
 from tuner.space import Route, SearchSpace, route_hash
 from tuner.study import outcome
-from tuner.study.sampler import make_sampler
+from tuner.study.sampler import NoRepeatSampler, make_sampler
 from tuner.worker import job as J
 
+TRIAL_CAP = 3  # a run stops after TRIAL_CAP x budget trials, whatever its builds
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -122,7 +123,7 @@ class OliveStyle:
 
 def optuna_search(
     oracle: Oracle, ev: Evaluator, sampler: optuna.samplers.BaseSampler, encoding: Encoding,
-    baseline: bool = True, reask_duplicates: bool = False, max_trials_factor: int = 3,
+    baseline: bool = True, reask_duplicates: bool = False,
 ) -> None:
     """Ask/tell until the build budget is spent (or the sampler keeps re-proposing evaluated routes).
 
@@ -133,18 +134,13 @@ def optuna_search(
     if baseline:
         study.enqueue_trial(oracle.space.default_route(), user_attrs={"source": "baseline"})
     trials = 0
-    while not ev.done and trials < max_trials_factor * ev.budget:
+    while not ev.done and trials < TRIAL_CAP * ev.budget:
         trials += 1
         trial = study.ask()
         route = encoding.suggest(trial, oracle.space)
         if reask_duplicates and route_hash(route) in ev.seen:
             continue
         encoding.tell(study, trial, ev(route), oracle)
-
-
-def tpe(startup: int) -> Callable[[int], optuna.samplers.BaseSampler]:
-    """Our sampler factory with `startup_trials` changed."""
-    return lambda seed: make_sampler(RunSpec(budget=1, sampler="tpe", seed=seed, startup_trials=startup), 0)
 
 
 def ours_sampler(seed: int) -> optuna.samplers.BaseSampler:
@@ -220,22 +216,41 @@ def _optuna(factory: Callable[[int], optuna.samplers.BaseSampler], encoding: Enc
     return lambda oracle, ev, seed: optuna_search(oracle, ev, factory(seed), encoding, **kw)
 
 
+def previous_default(seed: int) -> optuna.samplers.BaseSampler:
+    """make_sampler's TPE before NoRepeatSampler (the default until this benchmark)."""
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, group=True, constant_liar=True)
+
+
+def independent(seed: int) -> optuna.samplers.BaseSampler:
+    """Univariate TPE (no joint model of the knobs), with the same no-repeat step as the default."""
+    return NoRepeatSampler(optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=False), seed)
+
+
+def gp(seed: int) -> optuna.samplers.BaseSampler:
+    """make_sampler's GP."""
+    return make_sampler(RunSpec(budget=1, sampler="gp", seed=seed), 0)
+
+
+def random_search(seed: int) -> optuna.samplers.BaseSampler:
+    """make_sampler's random sampler."""
+    return make_sampler(RunSpec(budget=1, sampler="random", seed=seed), 0)
+
+
+def olive_tpe(seed: int) -> optuna.samplers.BaseSampler:
+    """Olive's TPE settings (tpe_sampler.py): multivariate and group, Optuna's other defaults."""
+    return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed)
+
+
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("ours", "default: TPE (multivariate, group, constant liar, 8 startup) + our encoding + cache", _optuna(ours_sampler, Ours())),
-    Strategy("tpe-startup4", "TPE, 4 startup trials", _optuna(tpe(4), Ours())),
-    Strategy("tpe-startup16", "TPE, 16 startup trials", _optuna(tpe(16), Ours())),
-    Strategy("tpe-independent", "TPE univariate (multivariate off), 8 startup", _optuna(
-        lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=False, constant_liar=True), Ours())),
-    Strategy("gp", "GP sampler (make_sampler 'gp') + our encoding", _optuna(
-        lambda seed: make_sampler(RunSpec(budget=1, sampler="gp", seed=seed), 0), Ours())),
-    Strategy("tpe-plain", "default TPE, no failure/constraint encoding (infeasible and failed = FAIL)", _optuna(ours_sampler, Plain())),
-    Strategy("tpe-nocache", "default TPE + encoding, no duplicate cache (repeats rebuilt)", _optuna(ours_sampler, Ours()), cache=False),
-    Strategy("random", "random search (make_sampler 'random')", _optuna(
-        lambda seed: make_sampler(RunSpec(budget=1, sampler="random", seed=seed), 0), Ours())),
+    Strategy("ours", "default: make_sampler (TPE multivariate+group+liar, 8 startup, no-repeat step) + our encoding + cache", _optuna(ours_sampler, Ours())),
+    Strategy("tpe-repeats", "previous default: the same TPE without the no-repeat step", _optuna(previous_default, Ours())),
+    Strategy("tpe-independent", "univariate TPE + no-repeat step + our encoding", _optuna(independent, Ours())),
+    Strategy("gp", "GP (make_sampler 'gp', with the no-repeat step) + our encoding", _optuna(gp, Ours())),
+    Strategy("tpe-plain", "default sampler, no failure/constraint encoding (infeasible and failed = FAIL)", _optuna(ours_sampler, Plain())),
+    Strategy("tpe-nocache", "default sampler + encoding, no duplicate cache (repeats rebuilt)", _optuna(ours_sampler, Ours()), cache=False),
+    Strategy("random", "random search (make_sampler 'random')", _optuna(random_search, Ours())),
     Strategy("olive-tpe", "Olive-style TPE: index encoding, failures pruned, accuracy post-hoc, no baseline", _optuna(
-        lambda seed: optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed), OliveStyle(),
-        baseline=False, reask_duplicates=True), gate=False),
+        olive_tpe, OliveStyle(), baseline=False, reask_duplicates=True), gate=False),
     Strategy("gpt-fast", "GPT fast: default + one knob at a time", lambda o, ev, seed: gpt_fast(o, ev), gate=False),
     Strategy("gpt-mixed", "GPT mixed: fast, then all combinations of the knobs that helped", lambda o, ev, seed: gpt_mixed(o, ev), gate=False),
 )}
-
