@@ -117,17 +117,6 @@ def test_hadolint_finds_nothing() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_the_images_find_the_migrations_beside_the_package(tmp_path: Path) -> None:
-    """The images install the copied tree editable; `tuner db upgrade` finds migrations/ beside tuner/ there."""
-    tree = tmp_path / "opt"
-    for part in ("tuner", "migrations"):
-        shutil.copytree(REPO / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
-    code = "from tuner.store.db import _script_location, head_revision; print(_script_location()); print(head_revision())"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree, env={"PYTHONPATH": str(tree)})
-    where, head = res.stdout.split()
-    assert Path(where).resolve() == (tree / "migrations").resolve() and head, res.stderr
-
-
 def test_a_wheel_carries_the_migrations(tmp_path: Path) -> None:
     """A non-editable install (`pip install route-tuner`) must hold everything the services run."""
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
