@@ -23,6 +23,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ class Recorder:
 
     # -- measuring ---------------------------------------------------------------------------
 
-    def run(self, log: Any = print) -> Landscape:
+    def run(self, log: Callable[[str], None] = print) -> Landscape:
         """Measure every (route, round) not yet in the journal; write the landscape after each round."""
         self._check_journal()
         done = self._entries()

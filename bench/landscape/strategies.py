@@ -160,7 +160,7 @@ def _with(space: SearchSpace, overrides: Route) -> Route:
     return route
 
 
-def gpt_fast(oracle: Oracle, ev: Evaluator) -> dict[str, bool]:
+def gpt_fast(oracle: Oracle, ev: Evaluator) -> set[str]:
     """The default route, then each knob active in it changed alone to each other value, in order.
 
     Returns which knobs had a feasible one-off value strictly faster than the default (as observed).
@@ -169,14 +169,14 @@ def gpt_fast(oracle: Oracle, ev: Evaluator) -> dict[str, bool]:
     default = space.default_route()
     base = ev(default)
     base_v = outcome.judge(base, oracle.tolerance, oracle.statistic)
-    positive: dict[str, bool] = {}
+    positive: set[str] = set()
     for name in default:
         for value in space.param(name).choices:
             if value == space.param(name).default or ev.done:
                 continue
             j = outcome.judge(ev(_with(space, {name: value})), oracle.tolerance, oracle.statistic)
             if j.feasible and (not base_v.feasible or j.value < base_v.value):
-                positive[name] = True
+                positive.add(name)
     return positive
 
 

@@ -1,9 +1,10 @@
 """Sampler construction: a distinct seed per worker and per restart, constraint-aware by default.
 
-Model-based samplers are wrapped in `NoRepeatSampler`: in a discrete route space TPE and GP keep
-re-proposing routes already built (a cache hit teaches them nothing and uses a trial of the budget).
-Measured on recorded landscapes (docs/search-efficiency.md), trying an unbuilt neighbour instead
-cut trials per build from 2-4 to about 1 and reached the best route in fewer builds.
+Model-based samplers are wrapped in `NoRepeatSampler`: in a discrete route space TPE keeps
+re-proposing routes already built (a cache hit teaches it nothing and uses a trial of the budget).
+Measured on recorded landscapes (docs/search-efficiency.md, 20 seeds): building an untried neighbour
+instead took TPE from 2.3-3 trials per build (300 trials for 80 builds on MiniLM) to 1.03-1.08, and
+the median builds until the best route from 94/22/21/48 to 32/16/20/31 on the four scenarios.
 """
 
 from __future__ import annotations
