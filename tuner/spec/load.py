@@ -5,6 +5,7 @@ Every error is a `SpecError` naming the file, the field and what is expected.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import tomllib
@@ -220,6 +221,8 @@ def _run(r: _Reader) -> RunSpec:
     sampler = r.get(t, "run", "sampler", str, "tpe")
     if sampler not in SAMPLERS:
         raise r.fail("run.sampler", f"expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    if sampler == "gp" and not all(importlib.util.find_spec(m) for m in ("scipy", "torch")):
+        raise r.fail("run.sampler", "'gp' needs scipy and torch: pip install 'route-tuner[gp]'")
     return RunSpec(
         budget=r.count(t, "run", "budget"),
         workers=r.count(t, "run", "workers", 1),
