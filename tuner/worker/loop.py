@@ -139,7 +139,9 @@ class Worker:
         `started` is when this worker began reserving the trial; the time not spent inside the
         child's build/check/time phases is recorded as the tuner's own overhead (`overhead_s`).
         """
-        route = self.ctx.space.suggest(trial)
+        for attempt in db_retry():  # sampling reads the study: retried like every database step
+            with attempt:
+                route = self.ctx.space.suggest(trial)
         beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(trial._trial_id, beating), daemon=True)
         beat.start()
