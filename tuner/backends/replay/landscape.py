@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import TunerError
+from tuner.measure.inputs import feeds_hash
 from tuner.space import Route, route_hash
 
 FORMAT = "route-tuner-landscape/1"
@@ -51,13 +52,7 @@ def feed_key(feed: Mapping[str, np.ndarray]) -> str:
 
 def outputs_key(outputs: list[Outputs]) -> str:
     """A content hash of one engine's outputs over all feeds (equal outputs are stored once)."""
-    h = hashlib.sha256()
-    for out in outputs:
-        for name in sorted(out):
-            a = np.ascontiguousarray(out[name])
-            h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
-            h.update(a.tobytes())
-    return h.hexdigest()[:32]
+    return feeds_hash([dict(o) for o in outputs])[:32]
 
 
 @dataclass(frozen=True)
