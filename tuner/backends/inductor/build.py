@@ -117,7 +117,7 @@ def load_source(model: ModelInfo, feed: Feed) -> tuple[Any, list[str]]:
         raise BuildError(f"onnx2torch is not installed ({exc}); pip install 'route-tuner[inductor]' or set backend.options.module") from exc
     try:
         module = convert(str(model.path)).eval()
-    except Exception as exc:  # onnx2torch raises NotImplementedError for unsupported ops, KeyError, ...
+    except Exception as exc:  # onnx2torch signals unsupported ops with several exception types (NotImplementedError, KeyError)
         raise BuildError(f"onnx2torch: {type(exc).__name__}: {_first_line(exc)}") from exc
     return static_shapes(module, [feed[name] for name in model.input_shapes]), output_names
 
