@@ -32,7 +32,7 @@ from tuner.measure.gpu_timing import GpuTimingError
 from tuner.measure.inputs import save_feeds
 from tuner.measure.reference import compute_reference
 from tuner.store.urls import normalize_url
-from tuner.worker import job as J
+from tuner import job as J
 from tuner.worker.isolate import run_isolated
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None

@@ -24,7 +24,7 @@ from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.spec import load_spec
 from tuner.space import route_hash
 from tuner.study.setup import Context
-from tuner.worker import job as J
+from tuner import job as J
 
 SPACE = {"precision": ["fp32", "int8_dynamic"], "graph_optimization_level": ["all", "disabled"], "execution_mode": ["sequential"],
          "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True]}  # 6 routes

@@ -18,7 +18,7 @@ from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.spec import load_spec
 from tuner.store.urls import normalize_url
 from tuner.study.setup import Context
-from tuner.worker import job as J
+from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.loop import make_job
 

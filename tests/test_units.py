@@ -12,7 +12,7 @@ from tuner.measure.timing import TimingPolicy, measure, summarize
 from tuner.space import Param, SearchSpace, canonical_route
 from tuner.store.urls import mask_url, normalize_url, scrub
 from tuner.study.outcome import accuracy_violation, judge
-from tuner.worker import job as J
+from tuner import job as J
 
 SPACE = SearchSpace((
     Param("precision", ("fp32", "int8"), "fp32"),

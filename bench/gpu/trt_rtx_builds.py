@@ -37,7 +37,7 @@ from tuner.backends.tensorrt.version import load_trt  # noqa: E402
 from tuner.measure.inputs import save_feeds  # noqa: E402
 from tuner.measure.reference import compute_reference  # noqa: E402
 from tuner.space import SearchSpace  # noqa: E402
-from tuner.worker import job as J  # noqa: E402
+from tuner import job as J  # noqa: E402
 from tuner.worker.isolate import run_isolated  # noqa: E402
 
 # Deviations from the default route; each is one build per model.

@@ -20,7 +20,7 @@ from tuner.backends.replay.space import replay_space
 from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.measure.timing import summarize
 from tuner.space import Route, SearchSpace
-from tuner.worker import job as J
+from tuner import job as J
 
 
 @dataclass

@@ -38,7 +38,7 @@ from tuner.measure.reference import load_reference
 from tuner.spec import load_spec
 from tuner.space import Route, route_hash
 from tuner.study.setup import Context
-from tuner.worker import job as J
+from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.loop import make_job
 

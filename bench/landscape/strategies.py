@@ -23,7 +23,7 @@ from tuner.spec import RunSpec
 from tuner.space import Route, SearchSpace, route_hash
 from tuner.study import outcome
 from tuner.study.sampler import NoRepeatSampler, make_sampler
-from tuner.worker import job as J
+from tuner import job as J
 
 TRIAL_CAP = 3  # a run stops after TRIAL_CAP x budget trials, whatever its builds
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -11,7 +11,7 @@ import typer
 
 from tuner.cli.common import SpecArg, console, context, fmt_ms
 from tuner.errors import TunerError
-from tuner.worker import job as J
+from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.loop import make_job
 

@@ -33,7 +33,7 @@ from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
 from tuner.study.speedup import Speedup, min_rounds, speedup_interval
 from tuner.study.summary import summarize_study
-from tuner.worker import job as J
+from tuner import job as J
 from tuner.worker.isolate import ChildHandle, run_isolated
 from tuner.worker.loop import make_job
 

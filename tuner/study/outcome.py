@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.worker import job as J
+from tuner import job as J
 
 CONSTRAINT_KEYS = ("accuracy", "failure")
 UNCOUNTED = (J.INTERRUPTED, J.LOST)

@@ -9,7 +9,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study.outcome import FAILURES, UNCOUNTED, is_feasible
-from tuner.worker import job as J
+from tuner import job as J
 
 
 @dataclass

@@ -18,7 +18,7 @@ from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.reference import load_reference
 from tuner.measure.timing import TimingPolicy, measure, summarize
-from tuner.worker import job as J
+from tuner import job as J
 
 
 def run_job(job: J.Job, result_path: Path) -> J.Result:

@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tuner.worker import job as J
+from tuner import job as J
 
 
 class ChildHandle:

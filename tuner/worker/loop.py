@@ -28,7 +28,7 @@ from tuner.study.budget import count_trials
 from tuner.study.note import update_note
 from tuner.study.sampler import make_sampler
 from tuner.study.setup import Context
-from tuner.worker import job as J
+from tuner import job as J
 from tuner.worker.isolate import ChildHandle, run_isolated
 
 log = logging.getLogger("tuner.worker")

@@ -14,7 +14,7 @@ import numpy as np
 from tuner.backends.base import Artifact, BuildContext, BuildError, RuntimeRefused
 from tuner.backends.replay.landscape import Landscape, Point, Round
 from tuner.space import Route
-from tuner.worker import job as J
+from tuner import job as J
 
 ARTIFACT = "engine.replay.json"
 

@@ -1,4 +1,7 @@
-"""The job a worker hands to a trial's child process, and the result it gets back (both JSON files)."""
+"""The trial-outcome vocabulary: the job a worker hands a trial's child, the result it gets back, and the statuses.
+
+A neutral module below `tuner.worker`, `tuner.study` and the backends: all of them speak it.
+"""
 
 from __future__ import annotations
 
