@@ -18,7 +18,7 @@ from tuner.store.urls import normalize_url
 from tuner.study import confirm as C
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
-from tuner.study.speedup import min_rounds, signed_rank_counts, speedup_interval
+from tuner.measure.speedup import min_rounds, signed_rank_counts, speedup_interval
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.loop import make_job

@@ -5,7 +5,7 @@ the default route and the top-k feasible non-default routes are timed again over
 every round runs every route once, each in a fresh child process (`run_isolated` on the trial's
 stored artifact, see `tuner.study.reuse`), in an order rotated from round to round. Each
 candidate's speedup gets a Hodges-Lehmann estimate and an exact Wilcoxon signed-rank interval over
-the rounds (`tuner.study.speedup`), at a Bonferroni-corrected level so that the family of k
+the rounds (`tuner.measure.speedup`), at a Bonferroni-corrected level so that the family of k
 intervals holds at the requested confidence. A candidate is a win only if its interval lies above
 1.0; the result is stored as the study user attribute "confirmation" and the raw samples as
 measurements of kind "confirm".
@@ -31,7 +31,7 @@ from tuner.store.cache import ResultStore
 from tuner.study.outcome import is_feasible
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
-from tuner.study.speedup import Speedup, min_rounds, speedup_interval
+from tuner.measure.speedup import Speedup, min_rounds, speedup_interval
 from tuner.study.summary import summarize_study
 from tuner import job as J
 from tuner.worker.isolate import ChildHandle, run_isolated

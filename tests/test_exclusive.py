@@ -1,0 +1,100 @@
+"""The per-device reader/writer timing lock, across real processes (sequenced by pipes and /proc/locks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.measure.exclusive import DeviceLock, device_key
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class LockProc:
+    """A real process holding a device lock on command (tests/lockproc.py)."""
+
+    def __init__(self, lock_dir: Path, device: str = "host") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.lockproc", device, str(lock_dir)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def wait_blocked(pid: int, limit_s: float = 30) -> None:
+    """Block until the kernel lists `pid` as waiting for a flock (an event, read from /proc/locks)."""
+    deadline = time.monotonic() + limit_s
+    while not any("->" in line and f" {pid} " in line for line in Path("/proc/locks").read_text().splitlines()):
+        assert time.monotonic() < deadline, f"process {pid} never waited for the lock"
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+def test_builds_share_a_timing_excludes_them_and_a_waiting_timing_is_not_starved(tmp_path: Path) -> None:
+    b1, b2, timing, b3 = (LockProc(tmp_path) for _ in range(4))
+    try:
+        b1.send("shared")
+        assert b1.reply() == "held shared 0"
+        b2.send("shared")
+        assert b2.reply() == "held shared 0"  # builds run together
+        timing.send("exclusive")
+        wait_blocked(timing.proc.pid)  # the timing waits for the builds ...
+        b3.send("shared")
+        wait_blocked(b3.proc.pid)  # ... and a build arriving now queues behind the waiting timing
+        b1.send("release")
+        assert b1.reply() == "released"
+        b2.send("release")
+        assert b2.reply() == "released"
+        assert timing.reply() == "held exclusive 1"  # the last build out lets the timing in, before b3
+        wait_blocked(b3.proc.pid)  # still waiting (now for the timing to end)
+        timing.send("release")
+        assert timing.reply() == "released"
+        assert b3.reply() == "held shared 0"
+    finally:
+        for p in (b1, b2, timing, b3):
+            p.close()
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+def test_one_timing_per_device_and_devices_are_independent(tmp_path: Path) -> None:
+    t1, t2, gpu1 = LockProc(tmp_path), LockProc(tmp_path), LockProc(tmp_path, "gpu-1")
+    try:
+        t1.send("exclusive")
+        assert t1.reply() == "held exclusive 1"
+        gpu1.send("exclusive")
+        assert gpu1.reply() == "held exclusive 1"  # another device: no waiting
+        t2.send("exclusive")
+        wait_blocked(t2.proc.pid)
+        t1.proc.kill()  # a holder that dies releases the lock
+        t1.proc.wait(timeout=30)
+        assert t2.reply() == "held exclusive 1"
+    finally:
+        for p in (t2, gpu1):
+            p.close()
+
+
+def test_device_keys_and_an_unusable_lock_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert device_key(True) == "gpu-2" and device_key(False) == "host"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f1e/x")
+    assert device_key(True) == "gpu-GPU-8f1e_x"
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with DeviceLock("host", blocker / "locks").exclusive() as hold:
+        assert not hold.exclusive and "lock directory" in hold.to_dict()["lock_error"]

@@ -1,0 +1,122 @@
+"""Speedups and location intervals from paired log ratios: Hodges-Lehmann with a Wilcoxon signed-rank interval.
+
+Used by the per-trial paired measurement (`tuner.measure.paired`, one log ratio per ABBA cycle of
+blocks) and by the end-of-study confirmation (`tuner.study.confirm`, one log ratio per round of
+fresh processes). A pair yields d = log(default / candidate), measured under the same machine
+conditions, so slow drift (thermal state, a noisy neighbour, clock changes) cancels. The speedup is
+exp of the Hodges-Lehmann estimate of the d's (the median of their Walsh averages) and its interval
+is the matching Wilcoxon signed-rank interval: from the exact null distribution for up to
+`EXACT_MAX` pairs, from its normal approximation (with continuity correction) above that. The
+interval assumes only that the pairs are independent and the d's symmetric about their centre: no
+normality, and one disturbed pair cannot drag the estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
+
+import numpy as np
+
+EXACT_MAX = 30  # the exact null distribution costs O(n^3); the normal approximation is excellent beyond this
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A speedup factor (default latency / candidate latency) with its confidence interval."""
+
+    estimate: float
+    low: float
+    high: float
+    confidence: float  # the interval's coverage (exact up to EXACT_MAX pairs, else approximate; >= the level asked for)
+    rounds: int
+
+    @property
+    def significant(self) -> bool:
+        """The candidate is faster than the default at this confidence (the interval excludes 1.0)."""
+        return self.low > 1.0
+
+    @property
+    def slower(self) -> bool:
+        """The candidate is slower than the default at this confidence."""
+        return self.high < 1.0
+
+    @property
+    def halfwidth(self) -> float:
+        """The interval's relative half-width: sqrt(high / low) - 1 (0.02 means about ±2 %)."""
+        return math.sqrt(self.high / self.low) - 1.0
+
+    def to_dict(self) -> dict[str, float | int]:
+        """JSON-able form."""
+        return {"speedup": self.estimate, "low": self.low, "high": self.high, "confidence": self.confidence, "rounds": self.rounds}
+
+
+@lru_cache(maxsize=EXACT_MAX + 1)
+def signed_rank_counts(n: int) -> list[int]:
+    """How many of the 2**n sign patterns give each value 0..n(n+1)/2 of the signed-rank statistic."""
+    counts = [1]
+    for rank in range(1, n + 1):
+        grown = counts + [0] * rank
+        for total, c in enumerate(counts):
+            grown[total + rank] += c
+        counts = grown
+    return counts
+
+
+def min_rounds(confidence: float) -> int:
+    """The fewest pairs whose widest signed-rank interval reaches `confidence` (two-sided)."""
+    n = 1
+    while 2.0 / 2**n > 1.0 - confidence:
+        n += 1
+    return n
+
+
+def _critical(n: int, confidence: float) -> tuple[int, float]:
+    """(k, coverage): the interval is the k-th smallest to k-th largest Walsh average (1-based)."""
+    alpha = 1.0 - confidence
+    if n <= EXACT_MAX:
+        counts, total = signed_rank_counts(n), 2**n
+        # Largest k with P(T <= k-1) <= alpha/2.
+        k, tail = 0, 0
+        while (tail + counts[k]) / total <= alpha / 2:
+            tail += counts[k]
+            k += 1
+        return k, 1.0 - 2.0 * tail / total
+    mean, sd = n * (n + 1) / 4.0, math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+    k = max(1, int(math.floor(mean - NormalDist().inv_cdf(1.0 - alpha / 2) * sd + 0.5)))
+    return k, 1.0 - 2.0 * NormalDist(mean, sd).cdf(k - 0.5)
+
+
+def location_interval(d: Sequence[float], confidence: float) -> tuple[float, float, float, float]:
+    """Hodges-Lehmann estimate of the centre of `d` with its signed-rank interval: (estimate, low, high, coverage).
+
+    Raises ValueError when `d` is too short for `confidence` (see `min_rounds`).
+    """
+    n = len(d)
+    if n < min_rounds(confidence):
+        raise ValueError(f"{n} rounds cannot give a {confidence:.1%} interval; need at least {min_rounds(confidence)}")
+    a = np.asarray(d, dtype=float)
+    i, j = np.triu_indices(n)
+    walsh = np.sort((a[i] + a[j]) / 2.0)
+    k, coverage = _critical(n, confidence)
+    return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[len(walsh) - k]), coverage
+
+
+def speedup_from_log_ratios(d: Sequence[float], confidence: float) -> Speedup:
+    """The speedup whose per-pair log ratios log(default / candidate) are `d`."""
+    est, low, high, coverage = location_interval(d, confidence)
+    return Speedup(math.exp(est), math.exp(low), math.exp(high), coverage, len(d))
+
+
+def speedup_interval(default: Sequence[float], candidate: Sequence[float], confidence: float) -> Speedup:
+    """The speedup of `candidate` over `default` from per-round latencies (paired by position).
+
+    Raises ValueError when the rounds are too few for `confidence` (see `min_rounds`).
+    """
+    if len(default) != len(candidate):
+        raise ValueError("default and candidate need one latency per round each")
+    d = np.log(np.asarray(default, dtype=float)) - np.log(np.asarray(candidate, dtype=float))
+    return speedup_from_log_ratios(list(d), confidence)
