@@ -104,3 +104,26 @@ class SkewedBackend(OnnxRuntimeBackend):
 
         runner.infer = infer  # type: ignore[method-assign]
         return runner
+
+
+class ClosingBackend(OnnxRuntimeBackend):
+    """ONNX Runtime whose runner writes `out_dir/closed` when it is closed, and whose `infer` can be made to raise."""
+
+    name = "closing"
+
+    def load(self, artifact: Artifact, route: Route, ctx: BuildContext):  # type: ignore[override]
+        runner = super().load(artifact, route, ctx)
+        release, marker = runner.release, ctx.out_dir / "closed"
+
+        def release_and_mark() -> None:
+            release()
+            with open(marker, "a") as f:
+                f.write("closed\n")
+
+        runner.release = release_and_mark  # type: ignore[method-assign]
+        if ctx.model.options.get("fail_infer"):
+            def fail(feed):  # noqa: ANN001, ANN202
+                raise RuntimeError("deliberate inference failure")
+
+            runner.infer = fail  # type: ignore[method-assign]
+        return runner

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import REPO, SpecWriter, tuner
 from tuner.backends import get_backend
-from tuner.backends.base import BuildContext, BuildError, ModelInfo
+from tuner.backends.base import Artifact, BuildContext, BuildError, ModelInfo
 from tuner.measure.gpu_timing import GpuTimingError
 from tuner.measure.inputs import save_feeds
 from tuner.measure.reference import compute_reference
@@ -189,7 +189,7 @@ def test_unknown_switch_fails_the_trial_with_its_class(tmp_path: Path, mlp: tupl
 @needs_torch
 def test_onnx_route_builds_runs_and_reloads_from_its_artifact(tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
-    from tuner.backends.inductor.build import BUILT
+    from tuner.backends.inductor.engine import Engine
 
     model, feeds = mlp
     backend = get_backend("inductor")
@@ -203,26 +203,27 @@ def test_onnx_route_builds_runs_and_reloads_from_its_artifact(tmp_path: Path, ml
         manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
     assert "cpp_fused" in code and "def call(" in code  # Inductor's own output code, C++ kernel inline
     assert manifest["route"] == route and manifest["graphs"] == 1 and manifest["device"] == "cpu"  # one graph: no break at Pad or Reshape
-    runner = backend.load(artifact, route, ctx)
-    outputs = [runner.infer(f) for f in feeds]
-    for got, want in zip(outputs, reference):
-        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
-    once = runner.timed(feeds[0])
-    assert all(once() > 0 for _ in range(3))
-    assert runner.timing_info()["clock"] == "host-perf_counter"
-    runner.close()
+    assert isinstance(artifact.handle, Engine)  # the in-process engine travels on the artifact to `load`
+    with backend.load(artifact, route, ctx) as runner:
+        assert runner.engine is artifact.handle  # not compiled a second time
+        outputs = [runner.infer(f) for f in feeds]
+        for got, want in zip(outputs, reference):
+            np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+        once = runner.timed(feeds[0])
+        assert all(once() > 0 for _ in range(3))
+        assert runner.timing_info()["clock"] == "host-perf_counter"
+    assert runner.closed
 
-    assert str(artifact.path) not in BUILT  # consumed: the next load must come from the artifact
     again = _ctx(tmp_path, model, feeds, {"device": "cpu"}, out="again")
     rebuilt = backend.build(route, again)
     assert rebuilt.info["cache_hits"] >= 1
     assert _sha(rebuilt.path) == _sha(artifact.path)  # same route, same code: same artifact bytes
     log: list[str] = []
-    BUILT.clear()
-    reloaded = backend.load(artifact, route, BuildContext(again.model, again.work_dir, tmp_path / "load", feeds, log=log.append))
-    np.testing.assert_array_equal(reloaded.infer(feeds[0])["y"], outputs[0]["y"])
+    stored = Artifact(artifact.path, artifact.build_s, artifact.info)  # as read back in another process: no handle
+    with backend.load(stored, route, BuildContext(again.model, again.work_dir, tmp_path / "load", feeds, log=log.append)) as reloaded:
+        assert reloaded.engine is not artifact.handle
+        np.testing.assert_array_equal(reloaded.infer(feeds[0])["y"], outputs[0]["y"])
     assert log == []  # recompiled to the same code as the stored artifact
-    reloaded.close()
 
 
 @needs_torch

@@ -107,7 +107,8 @@ def smoke() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from tuner.backends.inductor.run import Engine, InductorRunner
+    from tuner.backends.inductor.engine import Engine
+    from tuner.backends.inductor.run import InductorRunner
     from tuner.backends.inductor.space import compile_options
     from tuner.measure.timing import summarize
 

@@ -10,6 +10,7 @@ import abc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -42,15 +43,41 @@ class BuildContext:
 
 @dataclass(frozen=True)
 class Artifact:
-    """A built engine: one file whose bytes are hashed and kept, plus what the build reported."""
+    """A built engine: one file whose bytes are hashed and kept, plus what the build reported.
+
+    `handle` is an optional in-process object (e.g. a compiled module) that `build` hands to `load`
+    in the same process so the engine is not compiled twice; it is never serialised, and an
+    artifact read back from its file has none (then `load` works from the file alone).
+    """
 
     path: Path
     build_s: float
     info: Mapping[str, Any] = field(default_factory=dict)
+    handle: Any = field(default=None, compare=False, repr=False)
 
 
 class Runner(abc.ABC):
-    """A loaded artifact that can run inference and time itself."""
+    """A loaded artifact that can run inference and time itself.
+
+    Lifecycle (after Polygraphy's BaseRunner activate/deactivate): `Backend.load` returns an active
+    runner that the caller owns; use it as a context manager (`with backend.load(...) as runner:`)
+    so `close()` runs exactly once when the block ends, also when it raised. A runner wrapping
+    another one owns it when `owns_inner` is true and closes it from its own `release`.
+    Subclasses override `release`, never `close`.
+    """
+
+    closed: bool = False
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            self.close()
+        except Exception as close_exc:
+            if exc is None:
+                raise
+            exc.add_note(f"closing the runner afterwards failed too: {type(close_exc).__name__}: {close_exc}")
 
     @abc.abstractmethod
     def infer(self, feed: Feed) -> dict[str, np.ndarray]:
@@ -75,8 +102,15 @@ class Runner(abc.ABC):
         """Facts to store with a latency measurement (clock source, device clocks, ...)."""
         return {"clock": "host-perf_counter"}
 
-    def close(self) -> None:  # noqa: B027 - optional hook: most runners hold nothing to release
-        """Release resources (sessions, device memory)."""
+    def close(self) -> None:
+        """Release the runner's resources once; later calls do nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        self.release()
+
+    def release(self) -> None:  # noqa: B027 - optional hook: most runners hold nothing to release
+        """Free what this runner owns (sessions, device memory, owned inner runners)."""
 
 
 class BuildError(Exception):

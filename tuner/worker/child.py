@@ -1,8 +1,9 @@
-"""The trial's child process: build -> quick accuracy gate -> timing -> full accuracy.
+"""The trial's child process: build -> load -> quick accuracy gate -> timing -> full accuracy.
 
 Run as `python -m tuner.worker.child JOB.json RESULT.json`. Whatever happens inside (a segfault in a
 native compiler, a hang, an out-of-memory kill) ends this process only; the worker classifies it.
 The current phase is written to RESULT.json.phase before each step so a crash can be attributed.
+Each phase is one function below; `run_job` strings them together and classifies what they raise.
 """
 
 from __future__ import annotations
@@ -10,81 +11,132 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.backends import get_backend
-from tuner.backends.base import BuildContext, BuildError, ModelInfo, RuntimeRefused
-from tuner.measure.accuracy import Tolerances, compare, worst
+from tuner.backends.base import Artifact, Backend, BuildContext, BuildError, Feed, ModelInfo, Runner, RuntimeRefused
+from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.reference import load_reference
 from tuner.measure.timing import TimingPolicy, measure, summarize
 from tuner import job as J
 
+@dataclass
+class Trial:
+    """One job's inputs and its result as it progresses; `enter` starts a phase and saves the result so far."""
+
+    job: J.Job
+    result_path: Path
+    backend: Backend
+    feeds: list[Feed]
+    reference: list[Outputs]
+    ctx: BuildContext
+    tol: Tolerances
+    log: list[str] = field(default_factory=list)
+    res: J.Result = field(default_factory=lambda: J.Result(status=J.CRASH_EXIT))
+    started: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def open(cls, job: J.Job, result_path: Path) -> Trial:
+        """Read the job's feeds and reference outputs and set up the build context."""
+        log: list[str] = []
+        feeds = read_feeds(Path(job.feeds_path))
+        model = ModelInfo(Path(job.model_path), {k: tuple(v) for k, v in job.input_shapes.items()}, job.options)
+        ctx = BuildContext(model, Path(job.work_dir), Path(job.out_dir), feeds, time.monotonic() + job.timeout_s, log.append)
+        return cls(job, result_path, get_backend(job.backend), feeds, load_reference(Path(job.reference_path)), ctx,
+                   Tolerances(job.atol, job.rtol), log)
+
+    def enter(self, name: str) -> None:
+        """Close the current phase's clock, start phase `name` and write the result so far."""
+        self._stop_clock()
+        self.res.phase = name
+        self.result_path.write_text(self.res.to_json())
+
+    def _stop_clock(self) -> None:
+        now = time.perf_counter()
+        if self.res.phase:
+            self.res.phase_s[self.res.phase] = now - self.started
+        self.started = now
+
+    def finish(self) -> J.Result:
+        """Close the last phase's clock and attach the log."""
+        self._stop_clock()
+        self.res.log = "\n".join(self.log)[-20000:]
+        return self.res
+
+
+def build_phase(t: Trial) -> Artifact:
+    """Build the route; record the artifact's size, hash and build time."""
+    t.enter("build")
+    artifact = t.backend.build(t.job.route, t.ctx)
+    t.res.build_s = artifact.build_s
+    t.res.artifact_path = str(artifact.path)
+    t.res.artifact_sha256 = file_hash(artifact.path)
+    t.res.artifact_bytes = artifact.path.stat().st_size
+    return artifact
+
+
+def load_phase(t: Trial, artifact: Artifact) -> Runner:
+    """Load the artifact; the caller owns the runner (use it in a `with` block)."""
+    t.enter("load")
+    return t.backend.load(artifact, t.job.route, t.ctx)
+
+
+def gate_phase(t: Trial, runner: Runner) -> list[Outputs] | None:
+    """The quick accuracy gate on the first `gate_samples` feeds: their outputs, or None when it failed."""
+    t.enter("gate")
+    job, res, gate = t.job, t.res, t.job.gate_samples
+    gate_out = [runner.infer(f) for f in t.feeds[:gate]]
+    per_output = compare(job.metric, gate_out, t.reference[:gate], t.tol)
+    res.accuracy, res.accuracy_per_output = worst(per_output), per_output
+    if res.accuracy > job.tolerance:
+        res.status = J.GATE_FAILED
+        res.message = f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on the first {gate} feed(s)"
+        return None
+    return gate_out
+
+
+def time_phase(t: Trial, runner: Runner) -> None:
+    """Time the engine on the first feed: raw samples, their statistics and the clock's facts."""
+    t.enter("time")
+    job = t.job
+    samples = measure(runner.timed(t.feeds[0]), TimingPolicy(job.warmup_s, job.min_repeats, job.min_duration_s))
+    t.res.samples_ms = samples
+    t.res.latency = summarize(samples).to_dict()
+    t.res.timing_info = runner.timing_info()
+
+
+def accuracy_phase(t: Trial, runner: Runner, gate_out: list[Outputs]) -> None:
+    """Full accuracy over every feed (the gate's outputs reused); sets the final status."""
+    t.enter("accuracy")
+    job, res = t.job, t.res
+    outputs = gate_out + [runner.infer(f) for f in t.feeds[job.gate_samples:]]
+    per_output = compare(job.metric, outputs, t.reference, t.tol)
+    res.accuracy, res.accuracy_per_output = worst(per_output), per_output
+    res.status = J.OK if res.accuracy <= job.tolerance else J.ACCURACY
+    if res.status == J.ACCURACY:
+        res.message = f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on {len(t.feeds)} feeds"
+
 
 def run_job(job: J.Job, result_path: Path) -> J.Result:
     """Execute one trial and return its result (also written to `result_path` as it progresses)."""
-    log: list[str] = []
-    res = J.Result(status=J.CRASH_EXIT)
-
-    clock = {"t": time.perf_counter()}
-
-    def phase(name: str) -> None:
-        now = time.perf_counter()
-        if res.phase:
-            res.phase_s[res.phase] = now - clock["t"]
-        clock["t"] = now
-        res.phase = name
-        result_path.write_text(res.to_json())
-
-    backend = get_backend(job.backend)
-    feeds = read_feeds(Path(job.feeds_path))
-    reference = load_reference(Path(job.reference_path))
-    model = ModelInfo(Path(job.model_path), {k: tuple(v) for k, v in job.input_shapes.items()}, job.options)
-    ctx = BuildContext(model, Path(job.work_dir), Path(job.out_dir), feeds, time.monotonic() + job.timeout_s, log.append)
-    tol = Tolerances(job.atol, job.rtol)
+    t = Trial.open(job, result_path)
+    res = t.res
     try:
-        phase("build")
-        artifact = backend.build(job.route, ctx)
-        res.build_s = artifact.build_s
-        res.artifact_path = str(artifact.path)
-        res.artifact_sha256 = file_hash(artifact.path)
-        res.artifact_bytes = artifact.path.stat().st_size
-        phase("load")
-        runner = backend.load(artifact, job.route, ctx)
-        phase("gate")
-        gate = job.gate_samples
-        gate_out = [runner.infer(f) for f in feeds[:gate]]
-        per_output = compare(job.metric, gate_out, reference[:gate], tol)
-        res.accuracy, res.accuracy_per_output = worst(per_output), per_output
-        if res.accuracy > job.tolerance:
-            res.status = J.GATE_FAILED
-            res.message = f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on the first {gate} feed(s)"
-            return res
-        phase("time")
-        samples = measure(runner.timed(feeds[0]), TimingPolicy(job.warmup_s, job.min_repeats, job.min_duration_s))
-        res.samples_ms = samples
-        res.latency = summarize(samples).to_dict()
-        res.timing_info = runner.timing_info()
-        phase("accuracy")
-        outputs = gate_out + [runner.infer(f) for f in feeds[gate:]]
-        per_output = compare(job.metric, outputs, reference, tol)
-        res.accuracy, res.accuracy_per_output = worst(per_output), per_output
-        res.status = J.OK if res.accuracy <= job.tolerance else J.ACCURACY
-        if res.status == J.ACCURACY:
-            res.message = f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on {len(feeds)} feeds"
-        runner.close()
-    except BuildError as exc:
-        res.status, res.message = exc.failure_class, str(exc)
-    except RuntimeRefused as exc:
+        artifact = build_phase(t)
+        with load_phase(t, artifact) as runner:
+            gate_out = gate_phase(t, runner)
+            if gate_out is not None:
+                time_phase(t, runner)
+                accuracy_phase(t, runner, gate_out)
+    except (BuildError, RuntimeRefused) as exc:
         res.status, res.message = exc.failure_class, str(exc)
     except Exception as exc:  # any other error in build/run is this route's failure, with its class name
         res.status = J.BUILD_ERROR if res.phase == "build" else J.RUNTIME_ERROR
         res.message = f"{type(exc).__name__}: {exc}"
-        log.append(traceback.format_exc())
-    finally:
-        res.phase_s[res.phase] = time.perf_counter() - clock["t"]
-        res.log = "\n".join(log)[-20000:]
-    return res
+        t.log.append(traceback.format_exc())
+    return t.finish()
 
 
 def main(argv: list[str]) -> int:

@@ -54,6 +54,12 @@ class InductorBackend(Backend):
         return build(route, ctx)
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
-        from tuner.backends.inductor.run import load
+        """A runner for `artifact`: the engine its build handed over in this process, else its route recompiled from the shared cache."""
+        from tuner.backends.inductor.build import rebuild
+        from tuner.backends.inductor.engine import Engine
+        from tuner.backends.inductor.run import InductorRunner
 
-        return load(artifact, route, ctx)
+        engine = artifact.handle if isinstance(artifact.handle, Engine) else None
+        if engine is None:
+            engine = rebuild(artifact.path, route, ctx.model, ctx.calibration[0], ctx.work_dir, ctx.log)
+        return InductorRunner(engine)

@@ -16,6 +16,7 @@ and checks that the code is the same. The tar is written deterministically (fixe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import io
@@ -23,20 +24,18 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from tuner.backends.base import Artifact, BuildContext, BuildError, Feed, ModelInfo
-from tuner.backends.inductor.run import Engine
+from tuner.backends.inductor.engine import Engine
 from tuner.backends.inductor.space import compile_options, resolve_device
 from tuner.space import Route
 
 ARTIFACT = "inductor.tar"
 WARMUP_CALLS = 3  # CUDA-graph modes record on the third call; every compile happens before timing
 ONNX_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}  # torch -> ONNX Pad mode
-BUILT: dict[str, Engine] = {}  # engines built in this process, by artifact path, for `load`
 
 
 def build(route: Route, ctx: BuildContext) -> Artifact:
@@ -50,8 +49,7 @@ def build(route: Route, ctx: BuildContext) -> Artifact:
             f"{len(codes)} graph(s), cache hits {timings['cache_hits']}")
     path = ctx.out_dir / ARTIFACT
     pack(codes, manifest, path)
-    BUILT[str(path)] = engine
-    return Artifact(path, time.perf_counter() - t0, {**manifest, **timings})
+    return Artifact(path, time.perf_counter() - t0, {**manifest, **timings}, handle=engine)
 
 
 def rebuild(artifact_path: Path, route: Route, model: ModelInfo, feed: Feed, work_dir: Path, log: Callable[[str], None]) -> Engine:
@@ -76,7 +74,6 @@ def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -
     """The compiled, warmed-up engine for `route`, the output code of its graphs, and timings."""
     import torch
     from torch._dynamo.utils import counters
-    from torch._inductor.graph import GraphLowering
 
     options = compile_options(route, model.options)
     device = resolve_device(model.options)
@@ -91,7 +88,7 @@ def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -
     engine = Engine.create(module, route, device, list(model.input_shapes), output_names, options)
     codes: list[str] = []
     try:
-        with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        with capture_output_code(codes.append):
             args = engine.inputs(feed)
             for _ in range(WARMUP_CALLS):
                 engine.forward(args)
@@ -103,6 +100,24 @@ def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -
     timings = {"source_s": round(source_s, 4), "compile_s": round(time.perf_counter() - t1, 4),
                "cache_hits": _cache_hits(counters) - hits}
     return engine, codes, timings
+
+
+@contextlib.contextmanager
+def capture_output_code(sink: Callable[[str], None]) -> Iterator[None]:
+    """Hand every wrapper module Inductor generates to `sink` while the block runs.
+
+    Inductor's own hook for this is the class attribute `GraphLowering.save_output_code` (None by
+    default; called with each graph's output code when it is compiled). The previous value is put
+    back when the block ends, also on error.
+    """
+    from torch._inductor.graph import GraphLowering
+
+    previous = GraphLowering.save_output_code
+    GraphLowering.save_output_code = sink
+    try:
+        yield
+    finally:
+        GraphLowering.save_output_code = previous
 
 
 def load_source(model: ModelInfo, feed: Feed) -> tuple[Any, list[str]]:

@@ -11,101 +11,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tuner.backends.base import Artifact, BuildContext, Feed, Runner
-from tuner.space import Route
-
-DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-@dataclass
-class Engine:
-    """A compiled module with the route's device, precision and memory format."""
-
-    fn: Callable[..., Any]
-    device: Any  # torch.device
-    dtype: Any  # torch.dtype of floating inputs and weights
-    tf32: bool
-    channels_last: bool
-    input_names: list[str]
-    output_names: list[str]
-    options: dict[str, Any]
-
-    @classmethod
-    def create(cls, module: Any, route: Route, device: str, input_names: list[str], output_names: list[str], options: dict[str, Any]) -> Engine:
-        """Move `module` to the device, precision and layout of `route` and wrap it in torch.compile."""
-        import torch
-
-        dtype = getattr(torch, DTYPES[str(route["precision"])])
-        channels_last = bool(route.get("channels_last", False))
-        module = module.to(device=device, dtype=dtype)
-        if channels_last:
-            module = module.to(memory_format=torch.channels_last)
-        compiled = torch.compile(module, options=options)
-        return cls(compiled, torch.device(device), dtype, route["precision"] == "tf32", channels_last, input_names, output_names, options)
-
-    @property
-    def device_name(self) -> str:
-        """The device's name (GPU model or 'cpu')."""
-        import torch
-
-        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-
-    def _flags(self) -> None:
-        """Set the process-wide TF32 switches this engine was compiled for (several engines may share a process)."""
-        import torch
-
-        torch.backends.cuda.matmul.allow_tf32 = self.tf32
-        torch.backends.cudnn.allow_tf32 = self.tf32
-
-    def inputs(self, feed: Feed) -> list[Any]:
-        """The feed as device tensors in the engine's dtype and memory format, in model input order."""
-        import torch
-
-        out = []
-        for name in self.input_names:
-            t = torch.from_numpy(np.ascontiguousarray(feed[name])).to(self.device)
-            if t.is_floating_point():
-                t = t.to(self.dtype)
-            if self.channels_last and t.dim() == 4:
-                t = t.contiguous(memory_format=torch.channels_last)
-            out.append(t)
-        return out
-
-    def forward(self, args: list[Any]) -> Any:
-        """One call of the compiled module (asynchronous on CUDA)."""
-        import torch
-
-        self._flags()
-        if self.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()
-        with torch.no_grad():
-            return self.fn(*args)
-
-    def outputs(self, result: Any) -> dict[str, np.ndarray]:
-        """The module's result as host arrays keyed by the ONNX output names (floating outputs as fp32)."""
-        import torch
-
-        if isinstance(result, torch.Tensor):
-            tensors = [result]
-        elif isinstance(result, dict):
-            tensors = [result[n] for n in self.output_names] if set(self.output_names) <= set(result) else list(result.values())
-        else:
-            tensors = list(result)
-        if len(tensors) != len(self.output_names):
-            raise RuntimeError(f"the module returned {len(tensors)} outputs; the ONNX model has {len(self.output_names)}")
-        return {n: (t.float() if t.is_floating_point() else t).detach().cpu().numpy() for n, t in zip(self.output_names, tensors)}
-
-    def synchronize(self) -> None:
-        """Wait for the device."""
-        import torch
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+from tuner.backends.base import Feed, Runner
+from tuner.backends.inductor.engine import Engine
 
 
 class InductorRunner(Runner):
@@ -157,7 +68,7 @@ class InductorRunner(Runner):
         info = self.timer.info() if self.timer is not None else {"clock": "host-perf_counter", "threads": torch.get_num_threads()}
         return {**info, "torch": torch.__version__, "stream": "cuda-python non-blocking (ExternalStream)" if self.timer else "cpu"}
 
-    def close(self) -> None:
+    def release(self) -> None:
         self.engine.synchronize()
         if self.timer is not None:
             self.timer.close()
@@ -169,13 +80,3 @@ def _host_time(enqueue: Callable[[int], None]) -> float:
     t0 = time.perf_counter()
     enqueue(0)
     return time.perf_counter() - t0
-
-
-def load(artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
-    """A runner for `artifact`: the engine built in this process, else its route recompiled from the shared cache."""
-    from tuner.backends.inductor.build import BUILT, rebuild
-
-    engine = BUILT.pop(str(artifact.path), None)
-    if engine is None:
-        engine = rebuild(artifact.path, route, ctx.model, ctx.calibration[0], ctx.work_dir, ctx.log)
-    return InductorRunner(engine)

@@ -29,5 +29,5 @@ class OrtRunner(Runner):
     def infer(self, feed: Feed) -> dict[str, np.ndarray]:
         return dict(zip(self.outputs, self.session.run(self.outputs, feed)))
 
-    def close(self) -> None:
+    def release(self) -> None:
         del self.session

@@ -55,7 +55,9 @@ class CaptureBackend(Backend):
 
 
 class CapturingRunner(Runner):
-    """The real runner, plus a record of every distinct feed's outputs, saved on close."""
+    """The real runner (owned: closed with this one), plus a record of every distinct feed's outputs, saved on close."""
+
+    owns_inner = True
 
     def __init__(self, runner: Runner, path: Path) -> None:
         self.runner = runner
@@ -73,7 +75,7 @@ class CapturingRunner(Runner):
     def timing_info(self) -> dict[str, Any]:
         return self.runner.timing_info()
 
-    def close(self) -> None:
+    def release(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(self.path, **{f"{key}/{name}": a for key, out in self.seen.items() for name, a in out.items()})
         self.runner.close()

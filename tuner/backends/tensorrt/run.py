@@ -117,7 +117,7 @@ class TrtRunner(Runner):
         return {**info, "clock": "cuda-events", "engine_runtime": self.api.label, "cuda_graph": self.graph is not None,
                 **({"cuda_graph_error": self.graph_error} if self.graph_error else {})}
 
-    def close(self) -> None:
+    def release(self) -> None:
         if self.graph is not None:
             self.graph.destroy()
             self.graph = None
