@@ -1,4 +1,10 @@
-"""Errors the user can act on. Each carries one line that names what is wrong and what is expected."""
+"""Errors the user can act on (one line naming what is wrong and what is expected), and the failures trials record."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from tuner import job as J
 
 
 class TunerError(Exception):
@@ -17,3 +23,13 @@ class SpecError(TunerError):
 
 class ResumeError(TunerError):
     """An existing study was created from an incompatible study file."""
+
+
+class TrialFailure(Exception):
+    """A route failed in a way its trial records: the message goes with the trial, the type names the class.
+
+    Every subclass sets `failure_class` to an outcome declared in `tuner.job` (the one list of
+    outcomes; a test checks that every subclass in `tuner` names a declared one).
+    """
+
+    failure_class: ClassVar[str] = J.BUILD_ERROR

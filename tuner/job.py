@@ -10,22 +10,65 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Failure classes a trial can end with besides success.
-OK = "ok"
-GATE_FAILED = "accuracy-gate"
-ACCURACY = "accuracy"
-BUILD_ERROR = "build-error"
-RUNTIME_ERROR = "runtime-error"
-RUNTIME_UNSUPPORTED = "runtime-unsupported"
-INVALID_ROUTE = "invalid-route"
-TIMEOUT = "timeout"
-CRASH_SIGNAL = "crash-signal"
-CRASH_EXIT = "crash-exit"
-INTERRUPTED = "interrupted"
-LOST = "lost"
+
+@dataclass(frozen=True)
+class Outcome:
+    """One way a trial can end: its name, one line for the README, and how it is tallied.
+
+    `tally` says where `tuner status` counts it: "complete" (timed: COMPLETE in Optuna),
+    "pruned" (failed the accuracy gate: PRUNED), "failed" (the route failed to build or run:
+    PRUNED, counted in the budget) or "requeued" (interrupted or lost: FAIL, not counted, re-queued).
+    `deterministic` outcomes depend only on the cache key, so a stored result may be reused.
+    """
+
+    name: str
+    doc: str
+    tally: str
+    deterministic: bool = False
+
+
+OUTCOMES: dict[str, Outcome] = {}
+TALLIES = ("complete", "pruned", "failed", "requeued")
+
+
+def outcome(name: str, doc: str, tally: str = "failed", deterministic: bool = False) -> str:
+    """Declare an outcome (once, here) and return its name; adding a failure class is one call."""
+    if tally not in TALLIES or name in OUTCOMES:
+        raise ValueError(f"outcome {name!r}: tally must be one of {TALLIES} and the name new")
+    OUTCOMES[name] = Outcome(name, doc, tally, deterministic)
+    return name
+
+
+# Every outcome a trial can end with. The error types that raise a failure carry its name
+# (`TrialFailure.failure_class`, tuner/errors.py); the README's list is generated from here.
+OK = outcome("ok", "timed and within the accuracy tolerance", "complete", deterministic=True)
+GATE_FAILED = outcome("accuracy-gate", "failed the quick accuracy gate; never timed", "pruned", deterministic=True)
+ACCURACY = outcome("accuracy", "timed, but full accuracy is outside the tolerance (infeasible)", "complete", deterministic=True)
+BUILD_ERROR = outcome("build-error", "the backend could not build the route", deterministic=True)
+RUNTIME_ERROR = outcome("runtime-error", "the engine was built but raised while loading or running")
+RUNTIME_UNSUPPORTED = outcome("runtime-unsupported", "the engine was built but this machine's runtime refuses to run it", deterministic=True)
+INVALID_ROUTE = outcome("invalid-route", "the route breaks a rule of the search space; nothing was built", deterministic=True)
+UNKNOWN_SWITCH = outcome("unknown-switch", "Inductor: a configuration name or value the installed torch does not accept")
+ROUTE_REJECTED = outcome("route-rejected", "TensorRT did not take the build route as given; nothing was built")
+TIMEOUT = outcome("timeout", "the trial ran past its wall-clock limit; its process group was killed")
+CRASH_SIGNAL = outcome("crash-signal", "the trial's child died of a signal (segfault, OOM kill)")
+CRASH_EXIT = outcome("crash-exit", "the trial's child exited without a result")
+INTERRUPTED = outcome("interrupted", "the run was stopped (Ctrl-C, SIGTERM) while the trial ran", "requeued")
+LOST = outcome("lost", "the trial's worker vanished; a live worker reaped it", "requeued")
+
+
+def outcomes(tally: str) -> frozenset[str]:
+    """The names of every outcome tallied as `tally`."""
+    return frozenset(o.name for o in OUTCOMES.values() if o.tally == tally)
+
+
+def failure_list() -> str:
+    """The README's list of outcomes other than success, one Markdown bullet each."""
+    return "\n".join(f"- `{o.name}` ({o.tally}): {o.doc}" for o in OUTCOMES.values() if o.name != OK)
+
 
 # Outcomes that depend only on the cache key (so a stored result may be reused).
-DETERMINISTIC = {OK, GATE_FAILED, ACCURACY, BUILD_ERROR, INVALID_ROUTE, RUNTIME_UNSUPPORTED}
+DETERMINISTIC = frozenset(o.name for o in OUTCOMES.values() if o.deterministic)
 
 
 @dataclass
@@ -92,3 +135,7 @@ class Result:
             data["accuracy"] = float(data["accuracy"])
         data["accuracy_per_output"] = {k: float(v) for k, v in (data.get("accuracy_per_output") or {}).items()}
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+if __name__ == "__main__":
+    print(failure_list())

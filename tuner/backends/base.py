@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from tuner import job as J
+from tuner.errors import TrialFailure
 from tuner.space import Route, SearchSpace
 
 Feed = dict[str, np.ndarray]
@@ -113,16 +115,16 @@ class Runner(abc.ABC):
         """Free what this runner owns (sessions, device memory, owned inner runners)."""
 
 
-class BuildError(Exception):
+class BuildError(TrialFailure):
     """The backend could not build this route; the message is recorded with the trial."""
 
-    failure_class = "build-error"
+    failure_class = J.BUILD_ERROR
 
 
-class RuntimeRefused(Exception):
+class RuntimeRefused(TrialFailure):
     """The engine was built but this machine's runtime cannot run it (e.g. an unsupported GPU)."""
 
-    failure_class = "runtime-unsupported"
+    failure_class = J.RUNTIME_UNSUPPORTED
 
 
 class Backend(abc.ABC):

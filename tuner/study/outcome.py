@@ -22,8 +22,9 @@ from optuna.trial import TrialState
 from tuner import job as J
 
 CONSTRAINT_KEYS = ("accuracy", "failure")
-UNCOUNTED = (J.INTERRUPTED, J.LOST)
-FAILURES = {J.BUILD_ERROR, J.RUNTIME_ERROR, J.RUNTIME_UNSUPPORTED, J.INVALID_ROUTE, J.TIMEOUT, J.CRASH_SIGNAL, J.CRASH_EXIT}
+UNCOUNTED = tuple(sorted(J.outcomes("requeued")))  # FAIL, not counted in the budget, re-queued
+FAILURES = J.outcomes("failed")  # PRUNED, counted: the route failed to build or run
+GATE = J.outcomes("pruned")  # PRUNED, counted: the quick accuracy gate failed
 
 
 @dataclass(frozen=True)

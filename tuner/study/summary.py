@@ -8,8 +8,7 @@ from datetime import datetime
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.outcome import FAILURES, UNCOUNTED, is_feasible
-from tuner import job as J
+from tuner.study.outcome import FAILURES, GATE, UNCOUNTED, is_feasible
 
 
 @dataclass
@@ -74,7 +73,7 @@ def summarize_study(study: optuna.Study) -> Summary:
         if t.state.is_finished() and c:
             classes[c] = classes.get(c, 0) + 1
     failed = sum(1 for t in trials if t.state.is_finished() and failure_class(t) in FAILURES)
-    gate = sum(1 for t in trials if t.state == TrialState.PRUNED and failure_class(t) == J.GATE_FAILED)
+    gate = sum(1 for t in trials if t.state == TrialState.PRUNED and failure_class(t) in GATE)
     baselines = [t for t in trials if t.user_attrs.get("source") == "baseline" and t.state == TrialState.COMPLETE]
     starts = [t.datetime_start for t in trials if t.datetime_start]
     ends = [t.datetime_complete for t in trials if t.datetime_complete]

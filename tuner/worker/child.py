@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.backends import get_backend
-from tuner.backends.base import Artifact, Backend, BuildContext, BuildError, Feed, ModelInfo, Runner, RuntimeRefused
+from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo, Runner
+from tuner.errors import TrialFailure
 from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.reference import load_reference
@@ -130,7 +131,7 @@ def run_job(job: J.Job, result_path: Path) -> J.Result:
             if gate_out is not None:
                 time_phase(t, runner)
                 accuracy_phase(t, runner, gate_out)
-    except (BuildError, RuntimeRefused) as exc:
+    except TrialFailure as exc:  # the route's own failure, with the class its type carries
         res.status, res.message = exc.failure_class, str(exc)
     except Exception as exc:  # any other error in build/run is this route's failure, with its class name
         res.status = J.BUILD_ERROR if res.phase == "build" else J.RUNTIME_ERROR

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tuner import job as J
 from tuner.backends.base import BuildError, ModelInfo
 from tuner.errors import TunerError
 from tuner.space import Param, SearchSpace
@@ -26,7 +27,7 @@ PRECISIONS_CPU = ("fp32", "bf16", "fp16")
 class UnknownSwitch(BuildError):
     """An Inductor configuration name or value that the installed torch does not accept."""
 
-    failure_class = "unknown-switch"
+    failure_class = J.UNKNOWN_SWITCH
 
 
 @dataclass(frozen=True)

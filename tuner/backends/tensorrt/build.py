@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner import job as J
 from tuner.backends.base import Artifact, BuildContext, BuildError
 from tuner.backends.tensorrt.cuda import DeviceFacts
 from tuner.backends.tensorrt.gpt import apply_route, compose_route, parse_knob_database
@@ -28,7 +29,7 @@ TIMING_CACHE_POLICIES = ("fresh", "shared")
 class BuildTimeout(BuildError):
     """The progress monitor cancelled the build at the trial's deadline."""
 
-    failure_class = "timeout"
+    failure_class = J.TIMEOUT
 
 
 def network_flags(trt: Any, features: Features, route: Route) -> int:

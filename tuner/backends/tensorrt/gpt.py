@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tuner import job as J
 from tuner.backends.base import BuildError
 from tuner.errors import TunerError
 from tuner.space import Param
@@ -29,7 +30,7 @@ BRACKETS = re.compile(r"=\[([^\]]*)\]\s*$")
 class RouteRejected(BuildError):
     """TensorRT did not take the build route (read back differently): nothing was built for it."""
 
-    failure_class = "route-rejected"
+    failure_class = J.ROUTE_REJECTED
 
 
 @dataclass(frozen=True)
