@@ -14,6 +14,8 @@ import numpy as np
 
 from tuner.measure.inputs import Feed, feeds_hash, file_hash
 
+# Bumped whenever a converter's output changes, so variants cached by an older recipe are not reused.
+RECIPE = 2
 PRECISIONS = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "fp8_static")
 
 # Operators kept in fp32 when casting to fp16/bf16: the block list is itself a search parameter.
@@ -29,6 +31,9 @@ BLOCK_LISTS: dict[str, tuple[str, ...]] = {
         "ReduceMean", "ReduceSum", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", "Exp", "Log", "Pow", "Sqrt", "Erf",
     ),
 }
+
+# Operators whose inputs fp8_static quantizes.
+FP8_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,11 @@ def make_variant(model: Path, options: VariantOptions, feeds: list[Feed], cache_
         raise ValueError(f"unknown precision {opts.precision!r}; expected one of {PRECISIONS}")
     if opts.precision == "fp32":
         return model
+    import onnxruntime
+
     key = hashlib.sha256(
-        json.dumps({"model": file_hash(model), "options": asdict(opts), "feeds": feeds_hash(feeds) if "static" in opts.precision else ""}, sort_keys=True).encode()
+        json.dumps({"model": file_hash(model), "options": asdict(opts), "feeds": feeds_hash(feeds) if "static" in opts.precision else "",
+                    "recipe": RECIPE, "onnxruntime": onnxruntime.__version__}, sort_keys=True).encode()
     ).hexdigest()[:24]
     cache_dir.mkdir(parents=True, exist_ok=True)
     out = cache_dir / f"{model.stem}.{opts.precision}.{key}.onnx"
@@ -74,10 +82,26 @@ def make_variant(model: Path, options: VariantOptions, feeds: list[Feed], cache_
     tmp = Path(tmp_name)
     try:
         _CONVERTERS[opts.precision](model, tmp, opts, feeds)
+        _finish(tmp)
         tmp.replace(out)  # atomic: concurrent workers may both convert; either result is identical
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def _finish(path: Path) -> None:
+    """Repair the converter's output in place, then refuse it unless it is a valid, sorted ONNX graph."""
+    import onnx
+
+    from tuner.precision.graph import problems, repair
+
+    m = repair(onnx.load(str(path)))
+    found = problems(m)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ValueError(f"the converter's graph is invalid: {found[0]}{more}")
+    onnx.save(m, str(path))
+    onnx.checker.check_model(str(path))
 
 
 def _cast(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> None:
@@ -89,14 +113,7 @@ def _cast(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> No
     converted = convert_float_to_float16(m, keep_io_types=True, op_block_list=block or None, disable_shape_infer=False)
     if opts.precision == "bf16":
         converted = _fp16_to_bf16(converted)
-    _topological_sort(converted)  # the converter appends Cast nodes; strict parsers (TensorRT) need sorted graphs
-    onnx.save(converted, str(out))
-
-
-def _topological_sort(model: object) -> None:
-    from onnxruntime.transformers.onnx_model import OnnxModel
-
-    OnnxModel(model).topological_sort()
+    onnx.save(converted, str(out))  # `_finish` sorts it: the converter appends Cast nodes out of order
 
 
 def _fp16_to_bf16(model: object) -> object:
@@ -147,6 +164,10 @@ def _static(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> 
               "distribution": CalibrationMethod.Distribution}[opts.calibration]
     fp8 = opts.precision == "fp8_static"
     qtype = QuantType.QFLOAT8E4M3FN if fp8 else QuantType.QInt8
+    # fp8: Q/DQ only where the compute is (as TensorRT runs fp8). ONNX Runtime derives fp8 scales from a
+    # tensor's spread, which is zero for constants (a zero bias, a Pad value, a scalar factor: scale 0),
+    # and it gives Softmax outputs a bare [0, 1] range with no distribution at all.
+    ops = list(FP8_OPS) if fp8 else None
     with tempfile.TemporaryDirectory() as tmp:
         prep = Path(tmp) / "prep.onnx"
         try:
@@ -155,7 +176,7 @@ def _static(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> 
             prep = model
         quantize_static(
             str(prep), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=opts.per_channel and not fp8,
-            activation_type=qtype, weight_type=qtype, calibrate_method=method,
+            activation_type=qtype, weight_type=qtype, calibrate_method=method, op_types_to_quantize=ops,
             extra_options={"DefaultTensorType": _float_type(), "ActivationSymmetric": fp8 or opts.tensorrt_qdq,
                            "WeightSymmetric": True, "QuantizeBias": not opts.tensorrt_qdq},
         )
