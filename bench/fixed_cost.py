@@ -10,15 +10,18 @@ import shutil
 import time
 from typing import Any
 
-from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
 from tuner.backends.device import cpu_fingerprint
 from tuner.space import Param, Route, SearchSpace
+
+BUILD_S = Option("build_s", float, 1.0, "seconds each build sleeps")
 
 
 class FixedCostBackend(Backend):
     """Routes that all cost `build_s` seconds to build and run the same real model."""
 
     name = "fixed-cost"
+    options = (BUILD_S,)
 
     def version(self) -> str:
         return "1"
@@ -31,7 +34,7 @@ class FixedCostBackend(Backend):
 
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         t0 = time.perf_counter()
-        time.sleep(float(ctx.model.options.get("build_s", 1.0)))
+        time.sleep(float(BUILD_S.get(ctx.model.options)))
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
         out = ctx.out_dir / "engine.onnx"
         shutil.copyfile(ctx.model.path, out)

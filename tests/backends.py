@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from tuner.backends.base import Artifact, BuildContext, ModelInfo
+from tuner.backends.base import Artifact, BuildContext, ModelInfo, Option
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
 from tuner.space import Param, Route, SearchSpace
 
@@ -49,6 +49,8 @@ class FaultBackend(OnnxRuntimeBackend):
     """
 
     name = "fault"
+    options = (*OnnxRuntimeBackend.options, Option("marker_dir", str, "", "where builds are counted"),
+               Option("faults", dict, {}, "build index -> fault"))
 
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         marker_dir = Path(str(ctx.model.options["marker_dir"]))
@@ -89,6 +91,7 @@ class SkewedBackend(OnnxRuntimeBackend):
     """
 
     name = "skewed"
+    options = (*OnnxRuntimeBackend.options, Option("fp32_delay_ms", float, 5.0, "added to every fp32 inference"))
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext):  # type: ignore[override]
         runner = super().load(artifact, route, ctx)
@@ -110,6 +113,7 @@ class ClosingBackend(OnnxRuntimeBackend):
     """ONNX Runtime whose runner writes `out_dir/closed` when it is closed, and whose `infer` can be made to raise."""
 
     name = "closing"
+    options = (*OnnxRuntimeBackend.options, Option("fail_infer", bool, False, "make every inference raise"))
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext):  # type: ignore[override]
         runner = super().load(artifact, route, ctx)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 
 from tuner.store.urls import normalize_url
 
@@ -44,3 +45,18 @@ def status(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """Parse `tuner status --json` output."""
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def cli_in_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real `tuner` entry point in this process; its exit status and output as a CompletedProcess."""
+    from tuner.cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    capsys.readouterr()
+    code: int | str | None = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)

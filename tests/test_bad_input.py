@@ -1,4 +1,9 @@
-"""Every bad input: one clear line on stderr naming the file/field, a non-zero exit, nothing written."""
+"""Every bad input: one clear line on stderr naming the file/field, a non-zero exit, nothing written.
+
+The study-file cases run the real CLI entry point in-process (validation fails before any database
+is touched, which the storage URL of a database that does not exist proves); one case runs a real
+`tuner` process against a real database and checks that nothing was written.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import psycopg2
 import pytest
 
 from tests.conftest import tuner
+from tests.helpers import cli_in_process
 
 SECRET = "s3cr3t-pw"
 
@@ -46,24 +52,40 @@ CASES = {
     "unknown field": ({"run.trials": 3}, ("run.trials", "unknown field")),
     "gate above samples": ({"data.gate_samples": 9}, ("data.gate_samples", "at most")),
     "unknown sampler": ({"run.sampler": "cmaes"}, ("run.sampler", "tpe")),
+    "unknown backend option": ({"backend.options": {"bogus": 1}}, ("backend.options.bogus", "unknown option", "model_type")),
+    "bad backend option value": ({"backend.options": {"num_heads": "twelve"}}, ("backend.options.num_heads", "integer")),
+    "bad timing_cache": ({"backend.name": "tensorrt", "backend.options": {"timing_cache": "forever"}},
+                         ("backend.options.timing_cache", "'fresh', 'shared'")),
+    "bad inductor_config": ({"backend.name": "inductor", "backend.options": {"device": "cpu", "inductor_config": {"no_such_switch": True}}},
+                            ("backend.options.inductor_config", "no switch 'no_such_switch'")),
+    "bad inductor module": ({"backend.name": "inductor", "backend.options": {"module": "no_colon"}},
+                            ("backend.options.module", "package.module:function")),
 }
+UNTOUCHED = "postgresql://postgres@127.0.0.1:5432/tuner_never_created"  # validation must fail before any connection
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_study_file_fields(case: str, write_spec, pg_url) -> None:
+def test_bad_study_file_fields(case: str, write_spec, capsys, monkeypatch) -> None:
     overrides, needles = CASES[case]
     spec = write_spec(**overrides)
-    _fails_cleanly(tuner("run", str(spec), "--storage", pg_url), spec.name, *needles)
+    _fails_cleanly(cli_in_process(capsys, monkeypatch, "run", str(spec), "--storage", UNTOUCHED), spec.name, *needles)
+
+
+def test_a_bad_study_file_writes_nothing(write_spec, pg_url) -> None:
+    """End to end (a real `tuner` process, a real database): refused before anything is written."""
+    spec = write_spec(**{"backend.options": {"bogus": 1}})
+    err = _fails_cleanly(tuner("run", str(spec), "--storage", pg_url), spec.name, "backend.options.bogus")
+    assert err == f"error: {spec}: backend.options.bogus: unknown option of the onnxruntime backend; it takes: model_type, num_heads, hidden_size"
     assert _tables(pg_url) == []
+    assert not (spec.parent / ".tuner").exists()
 
 
 @pytest.mark.parametrize("content", [b"", b"this is not a protobuf at all \xff\xfe", None], ids=["empty", "garbage", "truncated"])
-def test_bad_model_files(content: bytes | None, write_spec, tiny_model: Path, pg_url) -> None:
+def test_bad_model_files(content: bytes | None, write_spec, tiny_model: Path, capsys, monkeypatch) -> None:
     data = tiny_model.read_bytes()
     tiny_model.write_bytes(data[: len(data) // 2] if content is None else content)
     spec = write_spec()
-    _fails_cleanly(tuner("run", str(spec), "--storage", pg_url), "model.path", "tiny.onnx")
-    assert _tables(pg_url) == []
+    _fails_cleanly(cli_in_process(capsys, monkeypatch, "run", str(spec), "--storage", UNTOUCHED), "model.path", "tiny.onnx")
 
 
 def test_bad_toml(tmp_path: Path) -> None:

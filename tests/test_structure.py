@@ -140,3 +140,29 @@ def test_adding_an_outcome_is_one_declaration() -> None:
         J.outcome("x", "doc", tally="nowhere")
     with pytest.raises(ValueError, match="new"):
         J.outcome(J.TIMEOUT, "again")
+
+
+# -- declared backend options ----------------------------------------------------------------
+
+
+def test_tuner_space_prints_the_declared_options(write_spec, capsys, monkeypatch) -> None:
+    from tests.helpers import cli_in_process
+
+    spec = write_spec(**{"backend.options": {"num_heads": 4}})
+    result = cli_in_process(capsys, monkeypatch, "space", str(spec))
+    assert result.returncode == 0, result.stderr
+    assert "onnxruntime backend options" in result.stdout
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 3}
+    assert {"model_type", "num_heads", "hidden_size"} <= set(rows)
+    assert "4" in rows["num_heads"] and "an integer" in rows["num_heads"]
+
+
+def test_every_builtin_backend_declares_its_options() -> None:
+    from tuner.backends import BUILTIN, get_backend
+    from tuner.backends.base import Backend
+
+    for name in BUILTIN:
+        backend = get_backend(name)
+        assert backend.options is not Backend.options, name
+        for o in backend.options:
+            assert o.doc and o.problem(o.default) is None, (name, o.name)  # the default is a valid value

@@ -127,10 +127,74 @@ class RuntimeRefused(TrialFailure):
     failure_class = J.RUNTIME_UNSUPPORTED
 
 
+@dataclass(frozen=True)
+class Option:
+    """One declared `[backend.options]` key: its type, default and a one-line doc.
+
+    `choices` narrows the values to a list; `check` returns what is wrong with a value (or None).
+    Read an option through `get` so its default lives here and nowhere else.
+    """
+
+    name: str
+    type: type | tuple[type, ...]
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] = ()
+    check: Callable[[Any], str | None] | None = None
+
+    def get(self, options: Mapping[str, Any]) -> Any:
+        """The study's value, or the default."""
+        return options.get(self.name, self.default)
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value` for this option, as the expected form; None when it is fine."""
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if float in types and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"expected {self.kind()}, got {value!r}"
+        if self.choices and value not in self.choices:
+            return f"expected one of {', '.join(map(repr, self.choices))}, got {value!r}"
+        return self.check(value) if self.check else None
+
+    def kind(self) -> str:
+        """The accepted values in words: the choices, else the type."""
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        return " | ".join(map(repr, self.choices)) if self.choices else " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a table", list: "a list"}
+
+
 class Backend(abc.ABC):
-    """A compiler that turns a route into an artifact and runs it."""
+    """A compiler that turns a route into an artifact and runs it.
+
+    `options` declares the `[backend.options]` keys the backend reads (checked when the study file
+    is loaded: an undeclared key or a bad value is one line there, not a failure of every trial).
+    """
 
     name: str = ""
+    options: tuple[Option, ...] = ()
+
+    def option_problem(self, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        """The first (key, expected) wrong with a study's backend options, or None."""
+        declared = {o.name: o for o in self.options}
+        for key, value in options.items():
+            if key not in declared:
+                known = ", ".join(declared) or "none"
+                return key, f"unknown option of the {self.name or type(self).__name__} backend; it takes: {known}"
+            problem = declared[key].problem(value)
+            if problem:
+                return key, problem
+        return None
+
+    def study_attrs(self, model: ModelInfo) -> dict[str, Any]:
+        """Facts recorded with a new study (e.g. the compiler's knob database version); none by default."""
+        return {}
+
+    def capabilities(self) -> dict[str, Any]:
+        """Extra facts for `tuner probe` about what this backend can do here; none by default."""
+        return {}
 
     @abc.abstractmethod
     def version(self) -> str:

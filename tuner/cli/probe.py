@@ -19,10 +19,7 @@ def probe_backend(name: str) -> dict[str, Any]:
     """{'available': bool, 'version'|'reason': str, ...capabilities} for one backend."""
     try:
         backend = get_backend(name)
-        found: dict[str, Any] = {"available": True, "version": backend.version()}
-        capabilities = getattr(backend, "capabilities", None)
-        if capabilities is not None:
-            found.update(capabilities())
+        found: dict[str, Any] = {"available": True, "version": backend.version(), **backend.capabilities()}
     except TunerError as exc:
         return {"available": False, "reason": str(exc)}
     return found

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from tuner.backends.base import Backend
 from tuner.cli.common import JsonOpt, SpecArg, StorageOpt, console, context, fmt_ms, fmt_x
 from tuner.errors import TunerError
 from tuner.store.cache import ResultStore
@@ -115,3 +116,14 @@ def space(spec: SpecArg) -> None:
         t.add_row(p.name, ", ".join(map(str, p.choices)), str(p.default), p.help)
     console.print(t)
     console.print(f"{len(ctx.space.routes())} routes")
+    console.print(options_table(ctx.backend, ctx.spec.backend.options))
+
+
+def options_table(backend: Backend, chosen: dict[str, Any]) -> Table:
+    """The backend's declared [backend.options]: accepted values, default, the study's value, what each does."""
+    t = Table(title=f"{backend.name} backend options")
+    for col in ("option", "values", "default", "study", "about"):
+        t.add_column(col)
+    for o in backend.options:
+        t.add_row(o.name, o.kind(), repr(o.default), repr(chosen[o.name]) if o.name in chosen else "-", o.doc)
+    return t

@@ -236,7 +236,7 @@ def _run(r: _Reader) -> RunSpec:
 
 
 def _check_space(r: _Reader, spec: Spec) -> None:
-    """The backend exists and the study's restrictions name real knobs and values."""
+    """The backend exists, the options are ones it declares, and the study's restrictions name real knobs and values."""
     from tuner.backends import get_backend
     from tuner.backends.base import ModelInfo
 
@@ -244,6 +244,9 @@ def _check_space(r: _Reader, spec: Spec) -> None:
         backend = get_backend(spec.backend.name)
     except TunerError as exc:
         raise r.fail("backend.name", str(exc)) from exc
+    problem = backend.option_problem(spec.backend.options)
+    if problem:
+        raise r.fail(f"backend.options.{problem[0]}", problem[1])
     space = backend.space(ModelInfo(spec.model.path, spec.model.inputs, spec.backend.options))
     try:
         space.restrict(spec.backend.space)

@@ -134,8 +134,7 @@ def prepare(ctx: Context) -> optuna.Study:
             study.set_user_attr("backend_version", ctx.backend.version())
             study.set_user_attr("default_route", ctx.space.default_route())
             study.set_user_attr("budget", ctx.spec.run.budget)
-            extra = getattr(ctx.backend, "study_attrs", None)
-            for key, value in (extra(ctx.model_info) if extra else {}).items():
+            for key, value in ctx.backend.study_attrs(ctx.model_info).items():
                 study.set_user_attr(key, value)
         study.enqueue_trial(ctx.space.default_route(), user_attrs={"source": "baseline"}, skip_if_exists=True)
     return study

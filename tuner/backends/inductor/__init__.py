@@ -15,6 +15,7 @@ from typing import Any
 
 from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
 from tuner.backends.device import cpu_fingerprint
+from tuner.backends.inductor.space import OPTIONS
 from tuner.errors import TunerError
 from tuner.space import Route, SearchSpace
 
@@ -23,6 +24,7 @@ class InductorBackend(Backend):
     """Routes over torch.compile modes, precision, memory format and Inductor configuration switches."""
 
     name = "inductor"
+    options = OPTIONS
 
     def version(self) -> str:
         parts = []

@@ -30,7 +30,7 @@ from typing import Any
 
 from tuner.backends.base import Artifact, BuildContext, BuildError, Feed, ModelInfo
 from tuner.backends.inductor.engine import Engine
-from tuner.backends.inductor.space import compile_options, resolve_device
+from tuner.backends.inductor.space import MODULE, compile_options, resolve_device
 from tuner.space import Route
 
 ARTIFACT = "inductor.tar"
@@ -123,7 +123,7 @@ def capture_output_code(sink: Callable[[str], None]) -> Iterator[None]:
 def load_source(model: ModelInfo, feed: Feed) -> tuple[Any, list[str]]:
     """The eager torch module for the study (onnx2torch or backend.options.module) and the output names."""
     output_names = _onnx_outputs(model.path)
-    target = model.options.get("module")
+    target = MODULE.get(model.options)
     if target:
         return _from_function(str(target), model), output_names
     try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner import job as J
-from tuner.backends.base import BuildError, ModelInfo
+from tuner.backends.base import BuildError, ModelInfo, Option
 from tuner.errors import TunerError
 from tuner.space import Param, SearchSpace
 from tuner.space.params import Value
@@ -69,11 +69,27 @@ def mode_options(mode: str) -> dict[str, Any]:
     return dict(torch._inductor.list_mode_options(mode))
 
 
+def config_problem(extra: Any) -> str | None:
+    """What is wrong with a table of extra `torch._inductor.config` switches (None: nothing)."""
+    try:
+        check_config(dict(extra))
+    except UnknownSwitch as exc:
+        return str(exc)
+    return None
+
+
+DEVICE = Option("device", str, "auto", "where routes compile and run ('auto': CUDA when torch sees a GPU)", choices=("auto", "cuda", "cpu"))
+MODULE = Option("module", str, "", "\"pkg.mod:fn\" returning (torch.nn.Module, example inputs), used instead of converting the ONNX model",
+                check=lambda v: None if not v or (v.count(":") == 1 and all(v.split(":"))) else f"expected \"package.module:function\", got {v!r}")
+INDUCTOR_CONFIG = Option("inductor_config", dict, {}, "extra torch._inductor.config switches applied to every route", check=config_problem)
+OPTIONS = (DEVICE, MODULE, INDUCTOR_CONFIG)
+
+
 def resolve_device(options: Mapping[str, Any]) -> str:
     """'cuda' or 'cpu' from backend.options.device ('auto' picks CUDA when torch sees a GPU)."""
     import torch
 
-    wanted = str(options.get("device", "auto"))
+    wanted = str(DEVICE.get(options))
     if wanted not in ("auto", "cuda", "cpu"):
         raise TunerError(f"backend.options.device = {wanted!r}; expected 'auto', 'cuda' or 'cpu'")
     if wanted == "auto":
@@ -118,20 +134,25 @@ def compile_options(route: Mapping[str, Value], options: Mapping[str, Any]) -> d
 
     Raises UnknownSwitch for a name the installed torch lacks or a value of the wrong type.
     """
-    defaults = config_defaults()
     by_name = {s.name: s.key for s in SWITCHES}
     wanted: dict[str, Any] = {}
     for name, value in route.items():
         if name in by_name:
             wanted[by_name[name]] = value
-    extra = options.get("inductor_config", {})
+    extra = INDUCTOR_CONFIG.get(options)
     if not isinstance(extra, Mapping):
         raise UnknownSwitch("backend.options.inductor_config must be a table of torch._inductor.config names")
     wanted.update(extra)
+    check_config(wanted)
+    return {**mode_options(str(route["mode"])), **wanted}
+
+
+def check_config(wanted: Mapping[str, Any]) -> None:
+    """Raise UnknownSwitch for a `torch._inductor.config` name the installed torch lacks or a value of the wrong type."""
+    defaults = config_defaults()
     for key, value in wanted.items():
         if key not in defaults:
             raise UnknownSwitch(f"torch._inductor.config has no switch {key!r} in this torch version")
         current = defaults[key]
         if current is not None and not isinstance(value, type(current)) and not (isinstance(current, float) and isinstance(value, int)):
             raise UnknownSwitch(f"torch._inductor.config.{key} takes {type(current).__name__}, got {value!r}")
-    return {**mode_options(str(route["mode"])), **wanted}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
 from tuner.backends.device import cpu_fingerprint
 from tuner.space import Route, SearchSpace
 
@@ -18,6 +18,11 @@ class OnnxRuntimeBackend(Backend):
     """Routes over ONNX Runtime's session options, precision variants and transformer fusions."""
 
     name = "onnxruntime"
+    options = (
+        Option("model_type", str, "", "ONNX Runtime transformer-optimizer model type (e.g. \"bert\"); set, it offers the transformer fusions"),
+        Option("num_heads", int, 0, "attention heads, for the transformer optimizer (0: detect)"),
+        Option("hidden_size", int, 0, "hidden size, for the transformer optimizer (0: detect)"),
+    )
 
     def version(self) -> str:
         import onnxruntime

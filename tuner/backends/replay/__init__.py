@@ -13,16 +13,19 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
 from tuner.backends.device import cpu_fingerprint
 from tuner.backends.replay.landscape import Landscape, load_landscape
 from tuner.errors import TunerError
 from tuner.space import Route, SearchSpace
 
 
+LANDSCAPE = Option("landscape", str, "", "the recorded landscape file (a relative path is taken from the model file's directory)")
+
+
 def landscape_of(model: ModelInfo) -> Landscape:
     """The landscape named by the study's backend options, checked against the study's model."""
-    name = model.options.get("landscape")
+    name = LANDSCAPE.get(model.options)
     if not isinstance(name, str) or not name:
         raise TunerError("the replay backend needs backend.options.landscape = \"path/to/landscape.json.gz\"")
     path = Path(name) if Path(name).is_absolute() else Path(model.path).parent / name
@@ -49,6 +52,7 @@ class ReplayBackend(Backend):
     """Routes, outcomes, outputs and latencies as recorded by a real backend."""
 
     name = "replay"
+    options = (LANDSCAPE,)
 
     def version(self) -> str:
         from tuner import __version__
@@ -66,7 +70,7 @@ class ReplayBackend(Backend):
     def study_attrs(self, model: ModelInfo) -> dict[str, Any]:
         """Where the replayed numbers come from, shown with the study in the dashboard."""
         meta = landscape_of(model).meta
-        return {"landscape": str(model.options["landscape"]), "landscape_backend": meta["backend"],
+        return {"landscape": str(LANDSCAPE.get(model.options)), "landscape_backend": meta["backend"],
                 "landscape_environment": meta["environment"]}
 
     def build(self, route: Route, ctx: BuildContext) -> Artifact:

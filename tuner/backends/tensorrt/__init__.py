@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.tensorrt.options import CUDA_GRAPH, OPTIONS
 from tuner.space import Route, SearchSpace
 
 
@@ -18,6 +19,7 @@ class TensorRTBackend(Backend):
     """Routes over TensorRT's builder knobs, ONNX precision variants and GPT compiler knobs."""
 
     name = "tensorrt"
+    options = OPTIONS
 
     def version(self) -> str:
         from tuner.backends.tensorrt.version import load_trt
@@ -71,4 +73,4 @@ class TensorRTBackend(Backend):
         from tuner.backends.tensorrt.run import TrtRunner
         from tuner.backends.tensorrt.version import load_trt
 
-        return TrtRunner(load_trt(), artifact, bool(ctx.model.options.get("cuda_graph", True)))
+        return TrtRunner(load_trt(), artifact, bool(CUDA_GRAPH.get(ctx.model.options)))

@@ -18,12 +18,12 @@ from tuner import job as J
 from tuner.backends.base import Artifact, BuildContext, BuildError
 from tuner.backends.tensorrt.cuda import DeviceFacts
 from tuner.backends.tensorrt.gpt import apply_route, compose_route, parse_knob_database
+from tuner.backends.tensorrt.options import TIMING_CACHE, TIMING_CACHE_POLICIES
 from tuner.backends.tensorrt.space import LEGACY_TACTICS, TACTICS, UNSET
 from tuner.backends.tensorrt.version import Features, TrtApi
 from tuner.precision import VariantOptions, make_variant
 from tuner.space import Route
 
-TIMING_CACHE_POLICIES = ("fresh", "shared")
 
 
 class BuildTimeout(BuildError):
@@ -210,7 +210,7 @@ def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> 
     configure(trt, features, config, route, device)
     route_string = gpt_route(features, config, route)
     add_profile(builder, network, config, dict(ctx.model.input_shapes))
-    timing_cache = TimingCache(str(ctx.model.options.get("timing_cache", "fresh")), ctx.work_dir, api.label)
+    timing_cache = TimingCache(str(TIMING_CACHE.get(ctx.model.options)), ctx.work_dir, api.label)
     timing_cache.attach(config)
     monitor = make_monitor(trt, ctx.deadline_s)
     config.progress_monitor = monitor

@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner import job as J
 from tuner.backends.base import BuildError
+from tuner.backends.tensorrt.options import GPT_KNOBS, GPT_SELECT, GPT_SELECTIONS
 from tuner.errors import TunerError
 from tuner.space import Param
 from tuner.space.params import Value
@@ -92,10 +93,10 @@ def knob_params(db: KnobDatabase, options: Mapping[str, Any]) -> list[Param]:
     the knobs named in `gpt_knobs`; `"off"` none. A listed list restricts a knob to those values (the
     default is always kept: it is the baseline); a listed scalar fixes it.
     """
-    select = str(options.get("gpt_select", "all"))
-    if select not in ("all", "listed", "off"):
+    select = str(GPT_SELECT.get(options))
+    if select not in GPT_SELECTIONS:
         raise TunerError(f"backend.options.gpt_select: expected all, listed or off, got {select!r}")
-    listed = {db.knob(name).option: value for name, value in dict(options.get("gpt_knobs", {})).items()}
+    listed = {db.knob(name).option: value for name, value in dict(GPT_KNOBS.get(options)).items()}
     if select == "off":
         return []
     params = []
