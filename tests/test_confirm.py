@@ -16,6 +16,7 @@ from tuner.spec import load_spec
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
 from tuner.study import confirm as C
+from tuner.study import verdict as V
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
 from tuner.measure.speedup import min_rounds, signed_rank_counts, speedup_interval
@@ -67,7 +68,7 @@ def _trial(number: int, noop: str, value: float, accuracy: float = -1.0) -> optu
     return t
 
 
-@pytest.mark.parametrize(("factor", "verdict"), [(1.25, C.SPEEDUP), (0.8, C.DEFAULT_FASTEST), (1.0, C.NO_SIGNIFICANT)])
+@pytest.mark.parametrize(("factor", "verdict"), [(1.25, V.SPEEDUP), (0.8, V.DEFAULT_IS_FASTEST), (1.0, V.NO_SIGNIFICANT)])
 def test_judge_declares_a_win_only_when_the_interval_clears_one(factor: float, verdict: str) -> None:
     rng = np.random.default_rng(3)
     default = list(5.0 * np.exp(rng.normal(0, 0.02, 8)))
@@ -76,7 +77,7 @@ def test_judge_declares_a_win_only_when_the_interval_clears_one(factor: float, v
                 for n, noop, f in ((1, "b", factor), (2, "c", min(factor, 1.0)))]
     doc = C._judge(entries, 8, 0.95, "median")
     assert doc["verdict"] == verdict, doc["message"]
-    assert (doc["winner_trial"] == 1) == (verdict == C.SPEEDUP)
+    assert (doc["winner_trial"] == 1) == (verdict == V.SPEEDUP)
     assert len(doc["candidates"]) == 2 and all("low" in c and "high" in c for c in doc["candidates"])
 
 
@@ -115,7 +116,7 @@ def test_a_study_with_nothing_to_find_reports_no_win(write_spec: SpecWriter, pg_
 
     study = optuna.load_study(study_name="tiny", storage=url)
     doc = study.user_attrs["confirmation"]
-    assert doc["verdict"] in (C.NO_SIGNIFICANT, C.DEFAULT_FASTEST), doc
+    assert doc["verdict"] in (V.NO_SIGNIFICANT, V.DEFAULT_IS_FASTEST), doc
     assert doc["winner_trial"] is None and doc["rounds"] == 8 and doc["baseline_trial"] == 0
     (cand,) = doc["candidates"]
     assert cand["trial"] != 0 and cand["route"]["noop"] != "a"
@@ -130,7 +131,15 @@ def test_a_study_with_nothing_to_find_reports_no_win(write_spec: SpecWriter, pg_
     assert best.returncode == 0, best.stderr
     assert "confirmation: " in best.stdout and "CI" in best.stdout
     assert ("no significant speedup" in best.stdout) or ("already the fastest" in best.stdout)
-    assert json.loads(tuner("best", str(spec), "--storage", pg_url, "--json").stdout)["confirmation"]["verdict"] == doc["verdict"]
+    assert best.stdout.startswith("Keep the default route"), best.stdout  # one conclusion, first
+    head = json.loads(tuner("best", str(spec), "--storage", pg_url, "--json").stdout)
+    assert head["confirmation"]["verdict"] == doc["verdict"] == head["verdict"]
+    assert (head["trial"], head["speedup"], head["speedup_ci"]) == (cand["trial"], doc["speedup"], doc["ci"])
+    assert head["export_trial"] == 0 and head["study_speedup"] is not None
+    out = spec.parent / "export"
+    exported = tuner("best", str(spec), "--storage", pg_url, "--export", str(out))
+    assert exported.returncode == 0 and "the default route, trial 0" in exported.stderr, exported.stderr
+    assert json.loads((out / "route.json").read_text()) == study.trials[0].params
 
     assert doc["message"] in get_note(optuna.load_study(study_name="tiny", storage=url))
 

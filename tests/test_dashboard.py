@@ -25,6 +25,7 @@ from tests.helpers import start_tuner
 from tuner.cli.dashboard import FeasibleBestStorage, is_loopback
 from tuner.store.urls import normalize_url
 from tuner.study.summary import summarize_study
+from tuner.study.verdict import decide
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -78,6 +79,8 @@ def test_dashboard_shows_feasibility_and_the_best_feasible_note(write_spec: Spec
     assert summary.best is not None and summary.infeasible >= 1, "the study needs feasible and infeasible trials"
     note = get_note(study)  # written by the workers and the confirmation, before any dashboard runs
     assert f"Best feasible trial: #{summary.best.number}**" in note and study.user_attrs["confirmation"]["message"] in note
+    head = decide(summary, study.user_attrs["confirmation"], study.trials)
+    assert note.index(head.sentence) < note.index("Best feasible trial"), "the verdict leads the note"
 
     port = _free_port()
     proc = start_tuner("dashboard", str(spec), "--storage", pg_url, "--port", str(port), log=tmp_path / "dashboard.log")
@@ -119,8 +122,9 @@ def test_dashboard_shows_feasibility_and_the_best_feasible_note(write_spec: Spec
         page.goto(f"{base}/dashboard/studies/{sid}/note")
         body = page.locator("body")
         expect(body).to_contain_text(f"Best feasible trial: #{best.number}, latency")
-        expect(body).to_contain_text(f"Speedup over the default route (trial #{summary.baseline.number}")  # type: ignore[union-attr]
-        expect(body).to_contain_text(f"Confidence: {study.user_attrs['confirmation']['message']}")
+        expect(body).to_contain_text(f"Verdict: {head.verdict}.")
+        expect(body).to_contain_text(f"the default route (trial #{summary.baseline.number}")  # type: ignore[union-attr]
+        expect(body).to_contain_text(f"Confirmation: {study.user_attrs['confirmation']['message']}")
         page.screenshot(path=str(ARTIFACTS / "dashboard-note.png"), full_page=True)
 
         logged = [t for t in trials if optuna.artifacts.get_all_artifact_meta(t, storage=study._storage)]
@@ -148,7 +152,8 @@ def test_feasible_best_storage_skips_a_faster_infeasible_trial(sqlite_url: str) 
 def test_binding_beyond_loopback_warns_and_a_bad_address_is_one_line(write_spec: SpecWriter, sqlite_url: str) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
-    spec = write_spec()  # no study yet: the dashboard serves the storage and says the study will appear
+    spec = write_spec()  # the storage holds another study, not this one: the dashboard serves it and says the study will appear
+    optuna.create_study(storage=sqlite_url, study_name="another")
     # 192.0.2.1 (TEST-NET-1) is not on this machine: the bind fails, after the warning, without exposing anything.
     res = tuner("dashboard", str(spec), "--storage", sqlite_url, "--host", "192.0.2.1", "--port", str(_free_port()))
     assert res.returncode == 2

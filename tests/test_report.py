@@ -11,13 +11,14 @@ import pytest
 from matplotlib.image import imread
 
 from tests.conftest import SpecWriter, tuner
-from tuner.report import plots
+from tuner.report import page, plots
 from tuner.report.data import ReportData, collect, importances
 from tuner.spec import load_spec
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
 from tuner.study.setup import Context
 from tuner.study.summary import Summary
+from tuner.study.verdict import decide
 
 FIGURES = {"history", "latency_distribution", "accuracy_vs_latency", "importance", "failure_classes"}
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -77,3 +78,18 @@ def test_every_figure_copes_with_an_empty_study(tmp_path: Path) -> None:
                       confirmation=None, importance_note="not enough data for parameter importance: 0 feasible trial(s)")
     paths = plots.save_all(data, tmp_path)
     assert set(paths) == FIGURES and all(p.read_bytes().startswith(PNG) for p in paths.values())
+
+
+def test_the_page_escapes_every_stored_string_and_leads_with_the_verdict() -> None:
+    """Confirmation fields come from the database (a study attribute anyone with access can set): all are escaped."""
+    summary = Summary(study="s", budget=4, complete=0, pruned=0, failed=0, running=0, waiting=0, feasible=0, infeasible=0,
+                      requeued=0, cache_hits=0, best=None, baseline=None, elapsed_s=0.0, failure_classes={})
+    evil = "<script>alert(1)</script>"
+    conf = {"verdict": "speedup", "message": evil, "method": evil, "created_at": evil, "rounds": evil,
+            "candidates": [{"trial": evil, "failure": evil}]}
+    head = decide(summary, conf, [])
+    data = ReportData(study="s", statistic="median", metric="cosine", tolerance=1e-3, summary=summary, trials=[],
+                      confirmation=conf, headline=head)
+    html = page.render(data, {})
+    assert "<script" not in html and html.count("&lt;script&gt;") == 6  # message, method, created_at, rounds, trial, failure
+    assert html.index(head.sentence) < html.index("<h2>Summary</h2>")

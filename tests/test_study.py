@@ -24,12 +24,16 @@ def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write
     assert all(t.state == TrialState.PRUNED and t.constraints["accuracy"] > 0 for t in int8)
     best = json.loads(tuner("best", str(spec), "--storage", pg_url, "--json").stdout)
     assert set(best) >= {"study", "trial", "route", "value", "baseline_value", "speedup", "accuracy", "feasible"}
+    assert best["verdict"] == "unconfirmed" and best["export_trial"] is None  # --no-confirm: nothing is confirmed
+    assert best["speedup"] == best["study_speedup"] == best["baseline_value"] / best["value"]
+    assert best["speedup_ci"] == ([1.0, 1.0] if best["trial"] == best["baseline_trial"] else None)  # no interval from one unpaired trial each
     assert best["feasible"] is True and best["route"]["precision"] == "fp32"
     assert best["accuracy"]["value"] <= best["accuracy"]["tolerance"]
     s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
     assert set(s) >= {"study", "budget", "complete", "pruned", "failed", "running", "waiting", "feasible", "best_value", "baseline_value"}
     assert s["budget"] == 8 and s["complete"] + s["pruned"] + s["failed"] == 8
     assert s["best_value"] == best["value"]
+    assert {k: s[k] for k in ("verdict", "speedup", "speedup_ci", "study_speedup")} == {k: best[k] for k in ("verdict", "speedup", "speedup_ci", "study_speedup")}
 
 
 def test_baseline_is_the_first_trial_once_across_restarts(write_spec, sqlite_url) -> None:
@@ -46,14 +50,17 @@ def test_export_writes_engine_route_and_reproduction(write_spec, sqlite_url, tmp
     spec = write_spec(**{"run.budget": 2})
     assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
     out = tmp_path / "export"
-    result = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out))
+    refused = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out))  # unconfirmed: not exported unless asked for
+    assert refused.returncode == 2 and "not exporting" in refused.stderr and "--trial" in refused.stderr and not out.exists()
+    number = json.loads(tuner("best", str(spec), "--storage", sqlite_url, "--json").stdout)["trial"]
+    result = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out), "--trial", str(number))
     assert result.returncode == 0, result.stderr
     doc = json.loads((out / "best.json").read_text())
     route = json.loads((out / "route.json").read_text())
-    assert route == doc["route"]
+    assert route == doc["exported"]["route"] and doc["exported"]["trial"] == number and "--trial" in doc["exported"]["reason"]
     import hashlib
 
-    assert hashlib.sha256((out / "engine.onnx").read_bytes()).hexdigest() == doc["artifact_sha256"]
+    assert hashlib.sha256((out / "engine.onnx").read_bytes()).hexdigest() == doc["exported"]["artifact_sha256"]
     script = (out / "reproduce.sh").read_text()
     assert "tuner build" in script and "route.json" in script
     rebuilt = tuner("build", str(spec), "--route", str(out / "route.json"), "--out", str(tmp_path / "rebuilt"))

@@ -17,6 +17,7 @@ from tuner.store.db import db_retry, is_db_fault
 from tuner.store.urls import mask_url
 from tuner.study.setup import Context, prepare
 from tuner.study.summary import Summary, summarize_study
+from tuner.study.verdict import decide
 from tuner.worker.pool import Pool
 
 
@@ -49,6 +50,8 @@ def run(
                 time.sleep(0.5)  # display refresh cadence, not synchronisation
                 live.update(_progress(study, live.renderable))
             live.update(_progress(study, live.renderable))
+        if not err_console.is_terminal:
+            err_console.line()  # Live ends its last line only on a terminal: keep the result off the progress line
     except KeyboardInterrupt:
         interrupted = True
         err_console.print("stopping: the trials in flight are marked interrupted and re-queued ...")
@@ -56,16 +59,15 @@ def run(
     finally:
         codes = pool.wait()
         signal.signal(signal.SIGTERM, previous)
-    for attempt in db_retry():
-        with attempt:
-            summary = summarize_study(study)
-    _print_result(summary)
+    if interrupted or any(codes) or not confirm:
+        _print_result(study)
     if interrupted:
         raise typer.Exit(130)
     if any(codes):
         raise TunerError(f"{sum(1 for c in codes if c)} worker(s) exited with an error (statuses {codes})")
     if confirm:
         _confirm(ctx, study, confirm_rounds, confirm_top_k, confirm_confidence)
+        _print_result(study)
 
 
 def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float) -> None:
@@ -105,16 +107,20 @@ def _table(s: Summary) -> Text:
     return Text(
         f"{s.study}: {done}/{s.budget} done | complete {s.complete} (feasible {s.feasible}) | pruned {s.pruned} | "
         f"failed {s.failed} | running {s.running} | re-queued {s.requeued} | cache hits {s.cache_hits} | "
-        f"best {fmt_ms(s.best_value)} | default {fmt_ms(s.baseline_value)} | speedup {fmt_x(s.speedup)}"
+        f"best {fmt_ms(s.best_value)} | default {fmt_ms(s.baseline_value)} | study estimate {fmt_x(s.speedup)} (unconfirmed)"
     )
 
 
-def _print_result(s: Summary) -> None:
-    if s.best is None:
-        console.print(f"study {s.study}: no feasible route yet")
-        return
-    route = ", ".join(f"{k}={v}" for k, v in s.best.params.items())
-    console.print(f"best feasible: trial {s.best.number}  {fmt_ms(s.best_value)}  ({fmt_x(s.speedup)} vs default "
-                  f"{fmt_ms(s.baseline_value)})\n  route: {route}", highlight=False)
+def _print_result(study: optuna.Study) -> None:
+    """The study's one conclusion (`tuner.study.verdict`) and the route it is about."""
+    for attempt in db_retry():
+        with attempt:
+            s = summarize_study(study)
+            head = decide(s, study.user_attrs.get("confirmation"), study.get_trials(deepcopy=False))
+    console.print(head.sentence, highlight=False, soft_wrap=True)
+    if head.trial is not None:
+        route = ", ".join(f"{k}={v}" for k, v in head.trial.params.items())
+        console.print(f"  trial {head.trial.number}: {fmt_ms(head.trial.value)} in the study, default route {fmt_ms(s.baseline_value)}\n"
+                      f"  route: {route}", highlight=False, soft_wrap=True)
 
 

@@ -14,6 +14,7 @@ from tuner.store.models import Measurement
 from tuner.study.outcome import is_feasible
 from tuner.study.setup import Context
 from tuner.study.summary import Summary, failure_class, summarize_study
+from tuner.study.verdict import Estimate, Headline, decide, study_estimate
 
 MIN_IMPORTANCE_TRIALS = 4  # fewer feasible trials say nothing about which knob matters
 
@@ -30,6 +31,7 @@ class TrialRow:
     accuracy: float | None
     params: dict[str, Any]
     cache_key: str
+    speedup: Estimate | None = None  # the study's own estimate vs the default route (paired where measured so)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class ReportData:
     contender_role: str = "best feasible"
     importances: dict[str, float] = field(default_factory=dict)
     importance_note: str = ""
+    headline: Headline | None = None  # the study's one conclusion (`tuner.study.verdict`)
 
 
 def _float(value: Any) -> float | None:
@@ -59,12 +62,13 @@ def _float(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _row(t: FrozenTrial) -> TrialRow:
+def _row(t: FrozenTrial, baseline: FrozenTrial | None) -> TrialRow:
     feasible = is_feasible(t)
     cls = failure_class(t)
     outcome = "feasible" if feasible else ("infeasible" if t.state == TrialState.COMPLETE else cls or t.state.name.lower())
     return TrialRow(t.number, t.state.name, t.value if t.state == TrialState.COMPLETE else None, feasible, outcome,
-                    _float((t.user_attrs.get("accuracy") or {}).get("value")), dict(t.params), str(t.user_attrs.get("cache_key", "")))
+                    _float((t.user_attrs.get("accuracy") or {}).get("value")), dict(t.params), str(t.user_attrs.get("cache_key", "")),
+                    study_estimate(t, baseline) if feasible else None)
 
 
 def importances(trials: list[FrozenTrial]) -> tuple[dict[str, float], str]:
@@ -100,7 +104,7 @@ def collect(ctx: Context, study: optuna.Study) -> ReportData:
     frozen = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     summary = summarize_study(study)
     confirmation = study.user_attrs.get("confirmation")
-    rows = [_row(t) for t in frozen]
+    rows = [_row(t, summary.baseline) for t in frozen]
     by_number = {r.number: r for r in rows}
     conf = confirmation or {}
     contender = conf["trial"] if conf.get("trial") is not None else (summary.best.number if summary.best else None)
@@ -114,7 +118,7 @@ def collect(ctx: Context, study: optuna.Study) -> ReportData:
     data = ReportData(
         study=ctx.spec.study, statistic=ctx.spec.objective.statistic, metric=ctx.spec.accuracy.metric,
         tolerance=ctx.spec.accuracy.tolerance, summary=summary, trials=rows, confirmation=confirmation,
-        samples_kind=kind, contender=contender, contender_role=role,
+        samples_kind=kind, contender=contender, contender_role=role, headline=decide(summary, confirmation, frozen),
     )
     data.samples = {
         "default": _samples(pool, by_number.get(baseline) if baseline is not None else None, kind, baseline),

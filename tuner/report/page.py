@@ -8,6 +8,7 @@ from html import escape
 from pathlib import Path
 
 from tuner.report.data import ReportData, TrialRow
+from tuner.study.verdict import Estimate
 from tuner.space import canonical_route
 
 CAPTIONS = {
@@ -33,27 +34,53 @@ def _rows(pairs: list[tuple[str, str]]) -> str:
     return "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in pairs)
 
 
+def _estimate(est: Estimate | None) -> str:
+    return "-" if est is None else est.text()
+
+
 def _headline(data: ReportData) -> str:
-    s = data.summary
+    s, head = data.summary, data.headline
+    about = f" for trial {head.trial.number}" if head and head.trial else ""
     pairs = [
+        ("verdict", head.verdict if head else "-"),
+        ("speedup" + about, _estimate(head.estimate if head else None)),
+        ("the study's own estimate" + about, _estimate(head.study if head else None)),
         ("trials finished", f"{s.complete + s.pruned + s.failed} of budget {s.budget}"),
         ("feasible / infeasible / failed", f"{s.feasible} / {s.infeasible} / {s.failed}"),
-        ("best feasible", f"trial {s.best.number}: {_ms(s.best_value)}" if s.best else "none"),
+        ("best feasible in the study", f"trial {s.best.number}: {_ms(s.best_value)}" if s.best else "none"),
         ("default route", f"trial {s.baseline.number}: {_ms(s.baseline_value)}" if s.baseline else "not run"),
-        ("speedup as measured in the study", f"{s.speedup:.3f}x" if s.speedup else "-"),
         ("objective", f"{data.statistic} latency; accuracy {data.metric} <= {data.tolerance:g}"),
     ]
     return f"<table>{_rows(pairs)}</table>"
 
 
 def _verdict(data: ReportData) -> str:
-    conf = data.confirmation
+    head, conf = data.headline, data.confirmation or {}
+    cls = "verdict" if head and head.verdict == "speedup" else "verdict none"
+    lead = f'<p class="{cls}"><b>{escape(head.sentence if head else "No verdict.")}</b>'
     if not conf:
-        return ('<p class="verdict none">Not confirmed: each route was timed once in the study. '
-                "<code>tuner run</code> re-measures the top candidates against the default when the budget is spent.</p>")
-    cls = "verdict" if conf.get("verdict") == "speedup" else "verdict none"
-    detail = f"<br><small>{escape(str(conf.get('method', '')))}; {conf.get('created_at', '')}</small>" if conf.get("method") else ""
-    return f'<p class="{cls}"><b>Confirmation:</b> {escape(str(conf.get("message", conf.get("verdict"))))}{detail}</p>'
+        return lead + "<br>Not confirmed: <code>tuner run</code> re-measures the top candidates against the default when the budget is spent.</p>"
+    detail = f"<br><small>{escape(str(conf.get('method', '')))}; {escape(str(conf.get('created_at', '')))}</small>" if conf.get("method") else ""
+    return f'{lead}<br>Confirmation: {escape(str(conf.get("message", conf.get("verdict"))))}{detail}</p>'
+
+
+def _confirmed(data: ReportData) -> str:
+    """The confirmation's candidates: each one's paired speedup over the default with its interval."""
+    conf = data.confirmation or {}
+    rows = conf.get("candidates") or []
+    if not rows:
+        return "<p>No confirmation rounds yet.</p>"
+    head = "<tr><th>trial</th><th>confirmed speedup</th><th>interval</th><th>median</th><th>study value</th></tr>"
+    body = "".join(
+        f"<tr><td>{escape(str(r.get('trial')))}</td>"
+        + (f"<td colspan=\"4\">{escape(str(r['failure']))}</td>" if r.get("failure") else
+           f"<td>{r['speedup']:.3f}x</td><td>{r.get('confidence', 0):.1%} CI {r['low']:.3f}x-{r['high']:.3f}x</td>"
+           f"<td>{_ms(r.get('median_ms'))}</td><td>{_ms(r.get('study_value'))}</td>")
+        + "</tr>"
+        for r in rows
+    )
+    return (f"<table>{head}{body}</table><p><small>Default route median {escape(_ms(conf.get('default_median_ms')))} over "
+            f"{escape(str(conf.get('rounds')))} interleaved rounds.</small></p>")
 
 
 def _top_trials(data: ReportData, limit: int = 10) -> str:
@@ -63,10 +90,9 @@ def _top_trials(data: ReportData, limit: int = 10) -> str:
         routes.setdefault(canonical_route(t.params), []).append(t)
     if not routes:
         return "<p>No feasible trial.</p>"
-    base = data.summary.baseline_value
-    head = "<tr><th>trial</th><th>latency</th><th>vs default</th><th>accuracy</th><th>route</th><th>same route in</th></tr>"
+    head = "<tr><th>trial</th><th>latency</th><th>speedup vs default in the study</th><th>accuracy</th><th>route</th><th>same route in</th></tr>"
     body = "".join(
-        f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{f'{base / t.value:.3f}x' if base and t.value else '-'}</td>"
+        f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{escape(_estimate(t.speedup))}</td>"
         f"<td>{'-' if t.accuracy is None else f'{t.accuracy:.3g}'}</td>"
         f"<td class=\"route\"><code>{escape(', '.join(f'{k}={v}' for k, v in t.params.items()))}</code></td>"
         f"<td class=\"route\">{', '.join(str(r.number) for r in rest) or '-'}</td></tr>"
@@ -93,7 +119,8 @@ def render(data: ReportData, figures: dict[str, Path]) -> str:
     return (
         f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Route Tuner report: {escape(data.study)}</title>"
         f"<style>{STYLE}</style></head><body><h1>Route Tuner report: {escape(data.study)}</h1>"
-        f"{_verdict(data)}<h2>Summary</h2>{_headline(data)}<h2>Fastest feasible routes</h2>{_top_trials(data)}"
+        f"{_verdict(data)}<h2>Summary</h2>{_headline(data)}<h2>Confirmation: paired speedups</h2>{_confirmed(data)}"
+        f"<h2>Fastest feasible routes</h2>{_top_trials(data)}"
         f"<h2>Failures</h2>{_failures(data)}<h2>Figures</h2>{images}"
         f"<p><small>Generated {stamp} by route-tuner. Export the winner with <code>tuner best SPEC --export DIR</code>.</small></p>"
         "</body></html>"

@@ -33,6 +33,7 @@ from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
 from tuner.measure.speedup import Speedup, min_rounds, speedup_interval
 from tuner.study.summary import summarize_study
+from tuner.study.verdict import DEFAULT_IS_FASTEST, NO_SIGNIFICANT, SPEEDUP
 from tuner import job as J
 from tuner.worker.isolate import ChildHandle, run_isolated
 from tuner.worker.loop import make_job
@@ -41,11 +42,7 @@ ATTR = "confirmation"
 METHOD = ("Hodges-Lehmann speedup with an exact Wilcoxon signed-rank interval over per-round log ratios of "
           "the default's and the candidate's {statistic} latency (fresh process per run, rotated order, "
           "Bonferroni over {k} candidate(s))")
-# Verdicts.
-SPEEDUP = "speedup"
-NO_SIGNIFICANT = "no-significant-speedup"
-DEFAULT_FASTEST = "default-fastest"
-NOTHING_TO_CONFIRM = "nothing-to-confirm"
+NOTHING_TO_CONFIRM = "nothing-to-confirm"  # a confirmation outcome; the other verdicts are `tuner.study.verdict`'s
 
 
 @dataclass
@@ -173,7 +170,7 @@ def _judge(entries: list[Entry], rounds: int, confidence: float, statistic: str)
     if wins:
         verdict, message = SPEEDUP, f"trial {entry.trial.number} is {s.estimate:.3f}x faster than the default route ({interval})"
     elif all(s.slower for _, s in judged):
-        verdict, message = DEFAULT_FASTEST, f"the default route is already the fastest: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval})"
+        verdict, message = DEFAULT_IS_FASTEST, f"the default route is already the fastest: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval})"
     else:
         verdict, message = NO_SIGNIFICANT, f"no significant speedup over the default route: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval} includes 1.0)"
     return {**base, "verdict": verdict, "message": message, "trial": entry.trial.number, "winner_trial": entry.trial.number if wins else None,

@@ -1,4 +1,4 @@
-"""The study note shown in optuna-dashboard: the best *feasible* trial, its speedup, and how sure we are.
+"""The study note shown in optuna-dashboard: the study's verdict first, then the best *feasible* trial and the evidence.
 
 optuna-dashboard's own "best trial" ignores feasibility, so the tuner writes the answer into the study
 note (Markdown, `optuna_dashboard.save_note`) after every trial and after the confirmation. The note
@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 
 from tuner.study.summary import Summary, summarize_study
+from tuner.study.verdict import Headline, decide
 
 log = logging.getLogger("tuner.note")
 NOTE_LIMIT = 2000  # one optuna-dashboard note chunk (2045 characters): written in one attribute
@@ -31,33 +32,32 @@ def _best_line(s: Summary) -> str:
     return f"**Best feasible trial: #{s.best.number}**, latency {_ms(s.best_value)}{accuracy}."
 
 
-def _speedup_line(s: Summary) -> str:
+def _study_line(s: Summary, head: Headline) -> str:
     if s.baseline is None:
-        return "**Speedup over the default route:** the default route has not finished yet."
-    if s.speedup is None:
-        return f"**Speedup over the default route:** not available (the default route, trial #{s.baseline.number}, is not feasible)."
-    return f"**Speedup over the default route** (trial #{s.baseline.number}, {_ms(s.baseline_value)}): **{s.speedup:.3f}x** as measured in the study."
+        return "**Default route:** not finished yet."
+    if head.study is None or head.trial is None:
+        return f"**Default route:** trial #{s.baseline.number} has no feasible measurement, so no speedup can be stated."
+    return (f"**As measured in the study:** trial #{head.trial.number} vs the default route (trial #{s.baseline.number}, "
+            f"{_ms(s.baseline_value)}): {head.study.text()}.")
 
 
-def _confidence_line(s: Summary, confirmation: dict[str, Any] | None) -> str:
+def _confirmation_line(confirmation: dict[str, Any] | None) -> str:
     if not confirmation:
-        return ("**Confidence:** not confirmed yet: each route was timed once. When the budget is spent, `tuner run` "
-                "re-measures the top candidates against the default in interleaved fresh processes and states an interval.")
-    stale = ""
-    if s.best is not None and confirmation.get("study_best_trial") != s.best.number:
-        stale = f" (confirmed when the best trial was #{confirmation.get('study_best_trial')}; run `tuner run` again to re-confirm)"
-    return f"**Confidence:** {confirmation.get('message', confirmation.get('verdict'))}{stale}."
+        return ("**Confirmation:** not yet. When the budget is spent, `tuner run` re-measures the top candidates against "
+                "the default in interleaved fresh processes and states an interval.")
+    return f"**Confirmation:** {confirmation.get('message', confirmation.get('verdict'))}."
 
 
-def render_note(s: Summary, confirmation: dict[str, Any] | None, now: datetime | None = None) -> str:
-    """The note's Markdown for a study summary and its confirmation document (if any)."""
+def render_note(s: Summary, confirmation: dict[str, Any] | None, head: Headline, now: datetime | None = None) -> str:
+    """The note's Markdown for a study summary, its confirmation document (if any) and its headline."""
     done = s.complete + s.pruned + s.failed
     classes = ", ".join(f"{k} {v}" for k, v in sorted(s.failure_classes.items())) or "none"
     lines = [
         f"## Route Tuner: {s.study}",
+        f"**Verdict: {head.verdict}.** {head.sentence}",
         _best_line(s),
-        _speedup_line(s),
-        _confidence_line(s, confirmation),
+        _study_line(s, head),
+        _confirmation_line(confirmation),
         f"**Trials:** {done} finished of budget {s.budget} (feasible {s.feasible}, infeasible {s.infeasible}, "
         f"failed {s.failed}), {s.running} running. Failure classes: {classes}.",
     ]
@@ -74,7 +74,8 @@ def update_note(study: optuna.Study) -> bool:
     try:
         from optuna_dashboard import save_note
 
-        save_note(study, render_note(summarize_study(study), study.user_attrs.get("confirmation")))
+        summary, confirmation = summarize_study(study), study.user_attrs.get("confirmation")
+        save_note(study, render_note(summary, confirmation, decide(summary, confirmation, study.get_trials(deepcopy=False))))
         return True
     except Exception as exc:  # the note is a convenience; the study must go on without it
         log.warning("could not update the study note: %s: %s", type(exc).__name__, exc)

@@ -26,6 +26,7 @@ from tuner.space import SearchSpace
 from tuner.spec import Spec
 from tuner.store.db import check_reachable, engine_kwargs, ensure_schema, get_engine, study_lock
 from tuner.store.models import StudyRecord
+from tuner.store.readonly import has_optuna_schema
 from tuner.store.urls import mask_url, scrub
 from tuner.study.fingerprint import differences, study_fingerprint
 
@@ -34,10 +35,10 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def optuna_storage(url: str) -> optuna.storages.RDBStorage:
+def optuna_storage(url: str, create_tables: bool = True) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on `url` with our engine options (pre-ping, recycling, lock waits)."""
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=not create_tables)
     except Exception as exc:  # Optuna wraps schema and connection problems in several types
         raise TunerError(f"storage {mask_url(url)}: {scrub(str(exc), url).strip().splitlines()[0]}") from exc
 
@@ -95,11 +96,14 @@ class Context:
         return study_fingerprint(self.spec, self.space, self.data_sha)
 
     def load(self, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-        """Load the existing study (TunerError if it does not exist)."""
+        """Load the existing study (TunerError if it does not exist); creates nothing in the storage."""
+        missing = f"study {self.spec.study!r} does not exist in {mask_url(self.url)}; start it with `tuner run`"
+        if not has_optuna_schema(self.url):
+            raise TunerError(missing)
         try:
-            return optuna.load_study(study_name=self.spec.study, storage=optuna_storage(self.url), sampler=sampler)
+            return optuna.load_study(study_name=self.spec.study, storage=optuna_storage(self.url, create_tables=False), sampler=sampler)
         except KeyError as exc:
-            raise TunerError(f"study {self.spec.study!r} does not exist in {mask_url(self.url)}; start it with `tuner run`") from exc
+            raise TunerError(missing) from exc
 
 
 def prepare(ctx: Context) -> optuna.Study:

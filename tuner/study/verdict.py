@@ -1,0 +1,167 @@
+"""One conclusion for every surface: `tuner best`, `tuner status`, the dashboard note and the report.
+
+The verdict comes from the end-of-study confirmation when there is one, else from the study itself:
+
+- ``speedup``: a candidate's confirmed interval lies above 1.0 — use that route;
+- ``no-significant-speedup``: no candidate's interval clears 1.0 — keep the default route;
+- ``default-is-fastest``: every candidate is confirmed slower (or no other route was feasible) — keep the default;
+- ``unconfirmed``: no confirmation yet (or it could not judge): the study's own estimate, not to be acted on.
+
+`speedup` is the confirmed estimate where a confirmation exists, else the study's estimate for the same
+route; `study_speedup` is always the study's estimate: the paired ratio of the trial's timing against
+the baseline (trial attribute `PAIRED`) where it was measured so, else the ratio of the default's and
+the trial's values, each measured once and apart in time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from tuner.study.outcome import is_feasible
+from tuner.study.summary import Summary
+
+SPEEDUP = "speedup"
+NO_SIGNIFICANT = "no-significant-speedup"
+DEFAULT_IS_FASTEST = "default-is-fastest"
+UNCONFIRMED = "unconfirmed"
+VERDICTS = (SPEEDUP, NO_SIGNIFICANT, DEFAULT_IS_FASTEST, UNCONFIRMED)
+LEGACY = {"default-fastest": DEFAULT_IS_FASTEST}  # what confirmations stored before the names were unified
+PAIRED = "paired"  # trial user attribute: {"speedup", "low", "high", ...} measured against the baseline in the trial
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A speedup over the default route (default latency / route latency), with its interval where one exists."""
+
+    speedup: float
+    low: float | None = None
+    high: float | None = None
+    paired: bool = False  # measured side by side with the default (an interval), not two separate trials
+
+    @property
+    def ci(self) -> list[float] | None:
+        """[low, high], or None when there is no interval."""
+        return None if self.low is None or self.high is None else [self.low, self.high]
+
+    def text(self) -> str:
+        """'1.23x (95% CI 1.10x-1.35x)' or '1.23x (unpaired)'."""
+        if self.ci is None:
+            return f"{self.speedup:.2f}x ({'paired' if self.paired else 'unpaired: each measured once, apart in time'})"
+        return f"{self.speedup:.2f}x (CI {self.low:.2f}x-{self.high:.2f}x)"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The study's one conclusion and what it rests on."""
+
+    verdict: str
+    sentence: str  # one sentence a user can act on
+    trial: FrozenTrial | None  # the route the verdict is about (winner, best candidate, or the study's best)
+    estimate: Estimate | None  # the speedup the verdict stands on: confirmed, else the study's
+    study: Estimate | None  # the study's own estimate for `trial`
+    export_trial: int | None  # what `tuner best --export` writes: the winner, the default route, or None
+    baseline_trial: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict keys of `tuner best --json` and `tuner status --json`."""
+        return {
+            "verdict": self.verdict, "speedup": self.estimate.speedup if self.estimate else None,
+            "speedup_ci": self.estimate.ci if self.estimate else None, "study_speedup": self.study.speedup if self.study else None,
+            "study_speedup_ci": self.study.ci if self.study else None, "verdict_trial": self.trial.number if self.trial else None,
+            "export_trial": self.export_trial, "headline": self.sentence,
+        }
+
+
+def verdict_name(stored: str | None) -> str | None:
+    """A stored confirmation's verdict under the current names."""
+    return LEGACY.get(stored or "", stored)
+
+
+def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None) -> Estimate | None:
+    """The study's own speedup estimate for `trial`: its paired measurement if any, else the ratio of values."""
+    if trial is None:
+        return None
+    paired = trial.user_attrs.get(PAIRED)
+    if isinstance(paired, Mapping) and _positive(paired.get("speedup")):
+        low, high = paired.get("low"), paired.get("high")
+        ok = _positive(low) and _positive(high)
+        return Estimate(float(paired["speedup"]), float(low) if ok else None, float(high) if ok else None, paired=True)
+    if baseline is None or not is_feasible(baseline) or not is_feasible(trial):
+        return None
+    if trial.number == baseline.number:
+        return Estimate(1.0, 1.0, 1.0, paired=True)
+    if _positive(baseline.value) and _positive(trial.value):
+        return Estimate(float(baseline.value) / float(trial.value))  # type: ignore[arg-type]
+    return None
+
+
+def decide(summary: Summary, confirmation: Mapping[str, Any] | None, trials: Sequence[FrozenTrial]) -> Headline:
+    """The headline of a study from its summary, its stored confirmation document (if any) and its trials."""
+    by_number = {t.number: t for t in trials}
+    baseline = summary.baseline
+    base_no = baseline.number if baseline else None
+    conf = dict(confirmation or {})
+    verdict = verdict_name(conf.get("verdict"))
+    if verdict in (SPEEDUP, NO_SIGNIFICANT, DEFAULT_IS_FASTEST) and by_number.get(conf.get("trial")) is not None:
+        trial = by_number[conf["trial"]]
+        low, high = (conf.get("ci") or [None, None])[:2]
+        confirmed = Estimate(float(conf["speedup"]), low, high, paired=True)
+        export = trial.number if verdict == SPEEDUP else base_no
+        sentence = _confirmed_sentence(verdict, trial.number, confirmed, conf) + _stale(summary, conf)
+        return Headline(verdict, sentence, trial, confirmed, study_estimate(trial, baseline), export, base_no)
+    if conf and not conf.get("candidates") and baseline is not None and is_feasible(baseline) and _only_default(summary):
+        sentence = "Keep the default route: no other route was feasible within the accuracy tolerance."
+        return Headline(DEFAULT_IS_FASTEST, sentence, baseline, Estimate(1.0, 1.0, 1.0, paired=True),
+                        study_estimate(baseline, baseline), base_no, base_no)
+    best = summary.best
+    study = study_estimate(best, baseline)
+    return Headline(UNCONFIRMED, _unconfirmed_sentence(summary, study, conf), best, study, study, None, base_no)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _only_default(summary: Summary) -> bool:
+    return summary.best is not None and summary.baseline is not None and summary.best.number == summary.baseline.number
+
+
+def _interval(conf: Mapping[str, Any], est: Estimate) -> str:
+    confidence = conf.get("confidence")
+    level = f"{confidence:.0%} " if isinstance(confidence, float) else ""
+    return f"{level}CI {est.low:.2f}x-{est.high:.2f}x over {conf.get('rounds')} interleaved rounds" if est.ci else "no interval"
+
+
+def _confirmed_sentence(verdict: str, trial: int, est: Estimate, conf: Mapping[str, Any]) -> str:
+    interval = _interval(conf, est)
+    if verdict == SPEEDUP:
+        return (f"Use trial {trial}: confirmed {est.speedup:.2f}x faster than the default route ({interval}); "
+                "`tuner best --export DIR` writes it.")
+    if verdict == NO_SIGNIFICANT:
+        return (f"Keep the default route: no route is significantly faster (best candidate, trial {trial}, "
+                f"{est.speedup:.2f}x, {interval}); `tuner best --export DIR` writes the default route.")
+    return (f"Keep the default route: it is the fastest (best candidate, trial {trial}, {est.speedup:.2f}x, {interval}); "
+            "`tuner best --export DIR` writes the default route.")
+
+
+def _stale(summary: Summary, conf: Mapping[str, Any]) -> str:
+    if summary.best is None or conf.get("study_best_trial") in (None, summary.best.number):
+        return ""
+    return (f" Trial {summary.best.number}, found since, is not confirmed: run `tuner run` again to re-confirm.")
+
+
+def _unconfirmed_sentence(summary: Summary, study: Estimate | None, conf: Mapping[str, Any]) -> str:
+    if summary.best is None:
+        return "Nothing to act on yet: no route has been timed within the accuracy tolerance."
+    why = f" ({conf['message']})" if conf.get("message") else ""
+    if summary.baseline is not None and summary.best.number == summary.baseline.number:
+        return f"Not confirmed{why}: the default route (trial {summary.best.number}) is the fastest feasible route the study found."
+    if study is None:
+        return (f"Not confirmed: the default route has no feasible measurement, so no speedup can be stated{why}; "
+                f"the fastest feasible route is trial {summary.best.number}.")
+    return (f"Not confirmed{why}: trial {summary.best.number} measured {study.text()} against the default route in the study; "
+            "`tuner run` re-measures the top routes against the default when the budget is spent — act on that, not on this.")
