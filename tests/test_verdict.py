@@ -14,13 +14,12 @@ from tuner.study.summary import summarize_study
 DIST = {"noop": CategoricalDistribution(["a", "b", "c", "d"])}
 
 
-def _study(*trials: tuple[str, float, float], paired: dict[int, dict[str, float]] | None = None) -> optuna.Study:
+def _study(*trials: tuple[str, float, float], paired: dict[int, dict[str, Any]] | None = None) -> optuna.Study:
     """An in-memory study: trial 0 is the baseline; each (route, value, accuracy constraint) is a finished trial."""
     study = optuna.create_study()
     for n, (noop, value, accuracy) in enumerate(trials):
         attrs: dict[str, Any] = {"source": "baseline"} if n == 0 else {}
-        if paired and n in paired:
-            attrs[V.PAIRED] = paired[n]
+        attrs.update((paired or {}).get(n, {}))
         study.add_trial(optuna.trial.create_trial(params={"noop": noop}, distributions=DIST, value=value, user_attrs=attrs,
                                                   constraints={"accuracy": accuracy, "failure": -1.0}))
     return study
@@ -50,9 +49,13 @@ def test_without_a_confirmation_the_study_estimate_is_unconfirmed_and_nothing_is
 
 
 def test_the_paired_trial_measurement_is_the_study_estimate_where_it_exists() -> None:
-    head = _decide(_study(*THREE, paired={1: {"speedup": 1.1, "low": 1.05, "high": 1.16}}))
+    study = _study(*THREE, paired={1: {"paired": True, V.PAIRED_SPEEDUP: 1.1, V.PAIRED_CI: [1.05, 1.16]}})
+    head = _decide(study)
     assert head.verdict == V.UNCONFIRMED and head.study == V.Estimate(1.1, 1.05, 1.16, paired=True)
     assert head.to_json()["speedup_ci"] == [1.05, 1.16] and "CI 1.05x-1.16x" in head.sentence
+    study.set_user_attr(V.RACING, {"1": {V.REFINED_SPEEDUP: 1.08, V.REFINED_CI: [1.06, 1.1], "remeasured": 1}})
+    _, raced = V.study_headline(study)  # racing re-measured it: the pooled estimate is the study's
+    assert raced.study == V.Estimate(1.08, 1.06, 1.1, paired=True) and raced.verdict == V.UNCONFIRMED
 
 
 @pytest.mark.parametrize(("stored", "verdict", "factor", "ci", "exports"), [

@@ -18,16 +18,14 @@ from tuner.cli.common import JsonOpt, SpecArg, StorageOpt, console, context, err
 from tuner.errors import TunerError
 from tuner.store.cache import ResultStore
 from tuner.study.outcome import is_feasible
-from tuner.study.summary import summarize_study
-from tuner.study.verdict import SPEEDUP, UNCONFIRMED, Estimate, Headline, decide
+from tuner.study.verdict import SPEEDUP, UNCONFIRMED, Estimate, Headline, study_headline
 
 
 def status(spec: SpecArg, storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
     """The study's verdict, counts by state, best feasible so far, speedup over the default route, elapsed time."""
     ctx = context(spec, storage)
     study = ctx.load()
-    s = summarize_study(study)
-    head = decide(s, study.user_attrs.get("confirmation"), study.get_trials(deepcopy=False))
+    s, head = study_headline(study)
     if as_json:
         print(json.dumps({**s.status_json(), **head.to_json()}))
         return
@@ -53,11 +51,10 @@ def _estimate_text(est: Estimate | None, head: Headline) -> str:
 def best_document(ctx: Any, study: optuna.Study | None = None) -> tuple[dict[str, Any], Headline]:
     """The stable `tuner best --json` document about the route the verdict is about, and the verdict."""
     study = study or ctx.load()
-    s = summarize_study(study)
+    s, head = study_headline(study)
     if s.best is None:
         raise TunerError(f"study {s.study!r} has no feasible trial yet")
     confirmation = study.user_attrs.get("confirmation")
-    head = decide(s, confirmation, study.get_trials(deepcopy=False))
     trial = head.trial or s.best
     acc = trial.user_attrs.get("accuracy", {})
     doc = {

@@ -17,7 +17,7 @@ from tuner.store.db import db_retry, is_db_fault
 from tuner.store.urls import mask_url
 from tuner.study.setup import Context, prepare
 from tuner.study.summary import Summary, summarize_study
-from tuner.study.verdict import decide
+from tuner.study.verdict import study_headline
 from tuner.worker.pool import Pool
 
 
@@ -115,8 +115,7 @@ def _print_result(study: optuna.Study) -> None:
     """The study's one conclusion (`tuner.study.verdict`) and the route it is about."""
     for attempt in db_retry():
         with attempt:
-            s = summarize_study(study)
-            head = decide(s, study.user_attrs.get("confirmation"), study.get_trials(deepcopy=False))
+            s, head = study_headline(study)
     console.print(head.sentence, highlight=False, soft_wrap=True)
     if head.trial is not None:
         route = ", ".join(f"{k}={v}" for k, v in head.trial.params.items())

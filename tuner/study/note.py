@@ -13,8 +13,8 @@ from typing import Any
 
 import optuna
 
-from tuner.study.summary import Summary, summarize_study
-from tuner.study.verdict import Headline, decide
+from tuner.study.summary import Summary
+from tuner.study.verdict import Headline, study_headline
 
 log = logging.getLogger("tuner.note")
 NOTE_LIMIT = 2000  # one optuna-dashboard note chunk (2045 characters): written in one attribute
@@ -74,8 +74,8 @@ def update_note(study: optuna.Study) -> bool:
     try:
         from optuna_dashboard import save_note
 
-        summary, confirmation = summarize_study(study), study.user_attrs.get("confirmation")
-        save_note(study, render_note(summary, confirmation, decide(summary, confirmation, study.get_trials(deepcopy=False))))
+        summary, head = study_headline(study)
+        save_note(study, render_note(summary, study.user_attrs.get("confirmation"), head))
         return True
     except Exception as exc:  # the note is a convenience; the study must go on without it
         log.warning("could not update the study note: %s: %s", type(exc).__name__, exc)

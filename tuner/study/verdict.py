@@ -8,9 +8,9 @@ The verdict comes from the end-of-study confirmation when there is one, else fro
 - ``unconfirmed``: no confirmation yet (or it could not judge): the study's own estimate, not to be acted on.
 
 `speedup` is the confirmed estimate where a confirmation exists, else the study's estimate for the same
-route; `study_speedup` is always the study's estimate: the paired ratio of the trial's timing against
-the baseline (trial attribute `PAIRED`) where it was measured so, else the ratio of the default's and
-the trial's values, each measured once and apart in time.
+route; `study_speedup` is always the study's estimate: the trial's paired ratio against the baseline
+engine (refined by racing where the study re-measured it; attribute names in `tuner.study.racing`),
+else the ratio of the default's and the trial's values, each measured once and apart in time.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.study.outcome import is_feasible
-from tuner.study.summary import Summary
+from tuner.study.summary import Summary, summarize_study
 
 SPEEDUP = "speedup"
 NO_SIGNIFICANT = "no-significant-speedup"
@@ -30,7 +31,9 @@ DEFAULT_IS_FASTEST = "default-is-fastest"
 UNCONFIRMED = "unconfirmed"
 VERDICTS = (SPEEDUP, NO_SIGNIFICANT, DEFAULT_IS_FASTEST, UNCONFIRMED)
 LEGACY = {"default-fastest": DEFAULT_IS_FASTEST}  # what confirmations stored before the names were unified
-PAIRED = "paired"  # trial user attribute: {"speedup", "low", "high", ...} measured against the baseline in the trial
+# Trial user attributes of paired timing, and the study attribute of racing (documented in `tuner.study.racing`).
+PAIRED_SPEEDUP, PAIRED_CI, RACING = "speedup_paired", "speedup_paired_ci", "racing"
+REFINED_SPEEDUP, REFINED_CI = "speedup_refined", "speedup_refined_ci"
 
 
 @dataclass(frozen=True)
@@ -81,15 +84,16 @@ def verdict_name(stored: str | None) -> str | None:
     return LEGACY.get(stored or "", stored)
 
 
-def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None) -> Estimate | None:
-    """The study's own speedup estimate for `trial`: its paired measurement if any, else the ratio of values."""
+def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None, races: Mapping[str, Any] | None = None) -> Estimate | None:
+    """The study's own speedup estimate for `trial`: refined by racing, else paired, else the ratio of values."""
     if trial is None:
         return None
-    paired = trial.user_attrs.get(PAIRED)
-    if isinstance(paired, Mapping) and _positive(paired.get("speedup")):
-        low, high = paired.get("low"), paired.get("high")
-        ok = _positive(low) and _positive(high)
-        return Estimate(float(paired["speedup"]), float(low) if ok else None, float(high) if ok else None, paired=True)
+    for source, key, ci in (((races or {}).get(str(trial.number)) or {}, REFINED_SPEEDUP, REFINED_CI),
+                            (trial.user_attrs, PAIRED_SPEEDUP, PAIRED_CI)):
+        if _positive(source.get(key)):
+            low, high = (list(source.get(ci) or []) + [None, None])[:2]
+            ok = _positive(low) and _positive(high)
+            return Estimate(float(source[key]), float(low) if ok else None, float(high) if ok else None, paired=True)
     if baseline is None or not is_feasible(baseline) or not is_feasible(trial):
         return None
     if trial.number == baseline.number:
@@ -99,8 +103,16 @@ def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None) -> E
     return None
 
 
-def decide(summary: Summary, confirmation: Mapping[str, Any] | None, trials: Sequence[FrozenTrial]) -> Headline:
-    """The headline of a study from its summary, its stored confirmation document (if any) and its trials."""
+def study_headline(study: optuna.Study) -> tuple[Summary, Headline]:
+    """A fresh read of `study`: its summary and its headline."""
+    summary = summarize_study(study)
+    attrs = study.user_attrs
+    return summary, decide(summary, attrs.get("confirmation"), study.get_trials(deepcopy=False), attrs.get(RACING))
+
+
+def decide(summary: Summary, confirmation: Mapping[str, Any] | None, trials: Sequence[FrozenTrial],
+           races: Mapping[str, Any] | None = None) -> Headline:
+    """The headline of a study from its summary, its stored confirmation (if any), its trials and racing document."""
     by_number = {t.number: t for t in trials}
     baseline = summary.baseline
     base_no = baseline.number if baseline else None
@@ -112,13 +124,13 @@ def decide(summary: Summary, confirmation: Mapping[str, Any] | None, trials: Seq
         confirmed = Estimate(float(conf["speedup"]), low, high, paired=True)
         export = trial.number if verdict == SPEEDUP else base_no
         sentence = _confirmed_sentence(verdict, trial.number, confirmed, conf) + _stale(summary, conf)
-        return Headline(verdict, sentence, trial, confirmed, study_estimate(trial, baseline), export, base_no)
+        return Headline(verdict, sentence, trial, confirmed, study_estimate(trial, baseline, races), export, base_no)
     if conf and not conf.get("candidates") and baseline is not None and is_feasible(baseline) and _only_default(summary):
         sentence = "Keep the default route: no other route was feasible within the accuracy tolerance."
         return Headline(DEFAULT_IS_FASTEST, sentence, baseline, Estimate(1.0, 1.0, 1.0, paired=True),
-                        study_estimate(baseline, baseline), base_no, base_no)
+                        study_estimate(baseline, baseline, races), base_no, base_no)
     best = summary.best
-    study = study_estimate(best, baseline)
+    study = study_estimate(best, baseline, races)
     return Headline(UNCONFIRMED, _unconfirmed_sentence(summary, study, conf), best, study, study, None, base_no)
 
 
