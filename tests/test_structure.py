@@ -166,3 +166,40 @@ def test_every_builtin_backend_declares_its_options() -> None:
         assert backend.options is not Backend.options, name
         for o in backend.options:
             assert o.doc and o.problem(o.default) is None, (name, o.name)  # the default is a valid value
+
+
+# -- one adapter for Optuna internals --------------------------------------------------------
+
+
+def test_the_optuna_adapter_matches_the_installed_optuna(sqlite_url: str) -> None:
+    import optuna
+    from optuna.trial import TrialState
+
+    from tuner.study import optuna_adapter as oa
+
+    assert optuna.__version__.startswith(oa.WRITTEN_FOR + "."), f"optuna {optuna.__version__}: re-check tuner/study/optuna_adapter.py"
+    storage = oa.open_storage(sqlite_url)
+    assert storage.get_current_version() == oa.SCHEMA
+    study = optuna.create_study(study_name="adapter", storage=storage)
+    for cls, state in (("lost", TrialState.FAIL), ("build-error", TrialState.PRUNED), ("interrupted", TrialState.FAIL)):
+        trial = study.ask()
+        trial.set_user_attr("failure_class", cls)
+        study.tell(trial, state=state)
+    running = study.ask()
+    oa.mirror_constraints(study, running, [0.5, -1.0])
+    assert oa.storage_of(study).get_trial(oa.trial_id(running)).system_attrs["constraints"] == [0.5, -1.0]
+    assert oa.trial_by_number(study, 1).user_attrs["failure_class"] == "build-error"
+    sid = oa.study_id(study)
+    assert oa.count_by_state(sqlite_url, sid) == {"FAIL": 2, "PRUNED": 1, "RUNNING": 1}
+    assert oa.count_with_attr(sqlite_url, sid, "FAIL", "failure_class", ["lost", "interrupted"]) == 2
+    assert oa.count_with_attr(sqlite_url, sid, "FAIL", "failure_class", ["build-error"]) == 0
+    assert oa.count_with_attr(sqlite_url, sid, "FAIL", "failure_class", []) == 0
+
+
+def test_no_module_but_the_adapter_touches_optuna_private_members() -> None:
+    import re
+
+    private = re.compile(r"\._(storage|study_id|trial_id)\b|FROM trials\b")
+    offenders = [str(p.relative_to(REPO)) for p in (REPO / "tuner").rglob("*.py")
+                 if p.name != "optuna_adapter.py" and private.search(p.read_text())]
+    assert offenders == []

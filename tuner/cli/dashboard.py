@@ -13,9 +13,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.cli.common import SpecArg, StorageOpt, console, context, err_console
 from tuner.errors import TunerError
-from tuner.store.db import engine_kwargs
 from tuner.store.readonly import has_optuna_schema
 from tuner.store.urls import mask_url, scrub
+from tuner.study.optuna_adapter import open_storage
 from tuner.study.note import update_note
 from tuner.study.outcome import is_feasible
 
@@ -40,10 +40,7 @@ def _storage(url: str) -> FeasibleBestStorage:
     """The dashboard's storage on `url`, opened without creating tables (a one-line TunerError when not usable)."""
     if not has_optuna_schema(url):
         raise TunerError(f"storage {mask_url(url)} holds no study yet (no Optuna tables); `tuner run` creates them")
-    try:
-        return FeasibleBestStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=True)
-    except Exception as exc:  # Optuna wraps schema and connection problems in several types
-        raise TunerError(f"storage {mask_url(url)}: {scrub(str(exc), url).strip().splitlines()[0]}") from exc
+    return open_storage(url, FeasibleBestStorage, create_tables=False)  # type: ignore[return-value]
 
 
 def is_loopback(host: str) -> bool:

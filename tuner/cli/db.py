@@ -25,8 +25,8 @@ def upgrade(spec: Annotated[Path | None, typer.Argument(help="A study file namin
     check_reachable(url)
     import optuna
 
-    from tuner.study.setup import optuna_storage
+    from tuner.study.optuna_adapter import open_storage
 
-    optuna_storage(url).upgrade()
+    open_storage(url).upgrade()
     before, after = upgrade_schema(url)
     console.print(f"{mask_url(url)}: optuna schema {optuna.__version__}-compatible; tuner schema {before or 'none'} -> {after}")

@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import job as J
+from tuner.study.optuna_adapter import mirror_constraints
 
 CONSTRAINT_KEYS = ("accuracy", "failure")
 UNCOUNTED = tuple(sorted(J.outcomes("requeued")))  # FAIL, not counted in the budget, re-queued
@@ -91,8 +92,7 @@ def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance
         trial.set_user_attr(key, value)
     for key, value in zip(CONSTRAINT_KEYS, j.constraints):
         trial.set_constraint(key, value)
-    # Legacy list mirror: optuna-dashboard 0.21 only reads this key (private storage API).
-    study._storage.set_trial_system_attr(trial._trial_id, "constraints", list(j.constraints))
+    mirror_constraints(study, trial, list(j.constraints))  # optuna-dashboard 0.21 only reads the legacy list
     if j.state == TrialState.COMPLETE:
         study.tell(trial, j.value)
     else:

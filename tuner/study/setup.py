@@ -24,23 +24,16 @@ from tuner.measure.inputs import feeds_hash, file_hash, load_feeds, save_feeds
 from tuner.measure.reference import cached_reference
 from tuner.space import SearchSpace
 from tuner.spec import Spec
-from tuner.store.db import check_reachable, engine_kwargs, ensure_schema, get_engine, study_lock
+from tuner.store.db import check_reachable, ensure_schema, get_engine, study_lock
 from tuner.store.models import StudyRecord
 from tuner.store.readonly import has_optuna_schema
-from tuner.store.urls import mask_url, scrub
+from tuner.store.urls import mask_url
 from tuner.study.fingerprint import differences, study_fingerprint
+from tuner.study.optuna_adapter import open_storage
 
 METRIC_NAMES = ["latency_ms"]
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def optuna_storage(url: str, create_tables: bool = True) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage on `url` with our engine options (pre-ping, recycling, lock waits)."""
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=not create_tables)
-    except Exception as exc:  # Optuna wraps schema and connection problems in several types
-        raise TunerError(f"storage {mask_url(url)}: {scrub(str(exc), url).strip().splitlines()[0]}") from exc
 
 
 @dataclass
@@ -101,7 +94,7 @@ class Context:
         if not has_optuna_schema(self.url):
             raise TunerError(missing)
         try:
-            return optuna.load_study(study_name=self.spec.study, storage=optuna_storage(self.url, create_tables=False), sampler=sampler)
+            return optuna.load_study(study_name=self.spec.study, storage=open_storage(self.url, create_tables=False), sampler=sampler)
         except KeyError as exc:
             raise TunerError(missing) from exc
 
@@ -114,7 +107,7 @@ def prepare(ctx: Context) -> optuna.Study:
     """
     check_reachable(ctx.url)
     ensure_schema(ctx.url)  # first: refuses a schema newer than this code before anything is written
-    storage = optuna_storage(ctx.url)
+    storage = open_storage(ctx.url)
     fingerprint = ctx.fingerprint()
     ctx.reference_path  # noqa: B018 - compute once, before the workers need it
     ctx.feeds_path  # noqa: B018

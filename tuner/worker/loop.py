@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 from tuner.store.cache import ResultStore, cache_key
 from tuner.store.db import db_retry, study_lock
 from tuner.store.leases import Leases, Owner
+from tuner.study import optuna_adapter as oa
 from tuner.study import outcome
 from tuner.study.budget import count_trials
 from tuner.study.note import update_note
@@ -64,7 +65,7 @@ class Worker:
         self.name = f"w{index}-{os.getpid()}"
         self.owner = Owner(self.name)
         self.study = ctx.load(make_sampler(self.spec.run, index))
-        self.study_id = self.study._study_id
+        self.study_id = oa.study_id(self.study)
         self.leases = Leases(ctx.url, self.spec.study)
         self.results = ResultStore(ctx.url)
         self.env_id = self.results.record_environment(self._environment())
@@ -100,15 +101,15 @@ class Worker:
             if counts.counted >= self.budget:
                 return None, counts.running
             trial = self.study.ask()
-            self.leases.take(trial._trial_id, self.owner)
+            self.leases.take(oa.trial_id(trial), self.owner)
             return trial, counts.running
 
     def reap(self) -> list[int]:
         """Fail and re-queue RUNNING trials whose owner is gone. Returns the reaped trial numbers."""
-        storage = self.study._storage
+        storage = oa.storage_of(self.study)
         running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
-        started = {t._trial_id: t.datetime_start.timestamp() if t.datetime_start else time.time() for t in running}
-        lost = self.leases.expired([t._trial_id for t in running], started, self.spec.run.grace_s)
+        started = {oa.trial_id(t): t.datetime_start.timestamp() if t.datetime_start else time.time() for t in running}
+        lost = self.leases.expired([oa.trial_id(t) for t in running], started, self.spec.run.grace_s)
         reaped = []
         if not lost:
             return reaped
@@ -143,7 +144,7 @@ class Worker:
             with attempt:
                 route = self.ctx.space.suggest(trial)
         beating = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(trial._trial_id, beating), daemon=True)
+        beat = threading.Thread(target=self._heartbeat, args=(oa.trial_id(trial), beating), daemon=True)
         beat.start()
         try:
             result, extra = self.evaluate(trial.number, route)
@@ -157,10 +158,10 @@ class Worker:
         for attempt in db_retry():
             with attempt:
                 self._tell(trial, result, extra)
-        self.leases.release(trial._trial_id)
+        self.leases.release(oa.trial_id(trial))
 
     def _tell(self, trial: optuna.Trial, result: J.Result, extra: dict[str, Any]) -> None:
-        frozen = self.study._storage.get_trial(trial._trial_id)
+        frozen = oa.storage_of(self.study).get_trial(oa.trial_id(trial))
         if frozen.state.is_finished():
             return  # an earlier attempt was committed before the connection dropped
         attrs = outcome.user_attrs(result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name})
@@ -233,8 +234,8 @@ class Worker:
 
             store_dir = self.ctx.work_dir / "optuna-artifacts"
             store_dir.mkdir(parents=True, exist_ok=True)
-            storage = self.study._storage
-            frozen = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(self.study_id, number))
+            storage = oa.storage_of(self.study)
+            frozen = oa.trial_by_number(self.study, number)
             try:
                 upload_artifact(artifact_store=FileSystemArtifactStore(str(store_dir)), file_path=str(log_path),
                                 study_or_trial=frozen, storage=storage)

@@ -1,0 +1,87 @@
+"""Every use of Optuna's private or unstable surface, in one place (written for Optuna 5.0, RDB schema v3.2.0.a).
+
+An Optuna upgrade touches this module only; `tests/test_structure.py` pins the version and schema it
+was written for and exercises each function against a real storage. What is used and why:
+
+- `Study._storage`, `Study._study_id`, `Trial._trial_id` (FrozenTrial too): the worker works on
+  trials by id through the storage (leases, reaping, re-queueing) with no public accessor for them;
+- the legacy `constraints` system attribute, which optuna-dashboard 0.21 reads instead of the
+  per-key constraints of `Trial.set_constraint`;
+- trial counts read with SQL on Optuna's `trials` and `trial_user_attributes` tables, because the
+  cached storage of a long-lived process is not fresh across processes (the budget must be exact).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage, RDBStorage
+from optuna.trial import FrozenTrial
+from sqlalchemy import text
+
+from tuner.errors import TunerError
+from tuner.store.db import engine_kwargs, get_engine
+from tuner.store.urls import mask_url, scrub
+
+WRITTEN_FOR = "5.0"  # Optuna major.minor these functions were checked against
+SCHEMA = "v3.2.0.a"  # Optuna's RDB schema (alembic) version the SQL below reads
+
+
+def open_storage(url: str, kind: type[RDBStorage] = RDBStorage, create_tables: bool = True) -> RDBStorage:
+    """Optuna's RDB storage (or a subclass `kind`) on `url` with our engine options; a one-line TunerError if unusable.
+
+    With `create_tables=False` nothing is created in the database (read-only commands).
+    """
+    try:
+        return kind(url, engine_kwargs=engine_kwargs(url), skip_table_creation=not create_tables)
+    except Exception as exc:  # Optuna wraps schema and connection problems in several types
+        raise TunerError(f"storage {mask_url(url)}: {scrub(str(exc), url).strip().splitlines()[0]}") from exc
+
+
+def storage_of(study: optuna.Study) -> BaseStorage:
+    """The storage a study reads and writes."""
+    return study._storage
+
+
+def study_id(study: optuna.Study) -> int:
+    """The study's id in its storage."""
+    return study._study_id
+
+
+def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
+    """A trial's id in its storage (not its number)."""
+    return trial._trial_id
+
+
+def trial_by_number(study: optuna.Study, number: int) -> FrozenTrial:
+    """A fresh read of the study's trial `number`."""
+    storage = storage_of(study)
+    return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study_id(study), number))
+
+
+def mirror_constraints(study: optuna.Study, trial: optuna.Trial, values: list[float]) -> None:
+    """Write the legacy `constraints` list that optuna-dashboard 0.21 reads."""
+    storage_of(study).set_trial_system_attr(trial_id(trial), "constraints", list(values))
+
+
+def count_by_state(url: str, study: int) -> dict[str, int]:
+    """Trials of study id `study` per state name (COMPLETE, PRUNED, FAIL, RUNNING, WAITING), read fresh."""
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(text("SELECT state, COUNT(*) FROM trials WHERE study_id = :s GROUP BY state"), {"s": study}).all()
+    return {str(state).split(".")[-1].upper(): int(n) for state, n in rows}
+
+
+def count_with_attr(url: str, study: int, state: str, key: str, values: Iterable[Any]) -> int:
+    """Trials of study id `study` in `state` whose user attribute `key` is one of `values`, read fresh."""
+    wanted = [json.dumps(v) for v in values]
+    if not wanted:
+        return 0
+    marks = ", ".join(f":v{i}" for i in range(len(wanted)))
+    sql = ("SELECT COUNT(*) FROM trials t JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
+           f"WHERE t.study_id = :s AND t.state = :state AND a.key = :key AND a.value_json IN ({marks})")
+    params = {"s": study, "state": state, "key": key, **{f"v{i}": v for i, v in enumerate(wanted)}}
+    with get_engine(url).connect() as conn:
+        return int(conn.execute(text(sql), params).scalar() or 0)
