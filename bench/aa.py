@@ -1,0 +1,270 @@
+"""A/A false-win rate: studies whose routes are all the same engine must (almost) never report a speedup.
+
+    python bench/aa.py replay [--studies 200]   # in-process studies on a replay landscape of identical routes
+    python bench/aa.py cpu [--studies 5]        # real `tuner run` studies on no-op knobs, this machine's CPU
+
+*replay*: a landscape where every route is the same engine with realistic measured noise. It is made
+from a recorded landscape (bench/landscapes/): the timed rounds of every route that computes the
+default route's outputs, each rescaled to the default route's true latency (so a round keeps its
+measured deviation from its own route's level), pooled, and given to *every* route. Each study is
+what `tuner run` does, in-process: the default sampler (`make_sampler`) asks, the route is answered
+by the landscape (`bench.landscape.oracle`, a random recorded round, bootstrap-resampled), the
+outcome is told with `tuner.study.outcome.record`; then the end-of-study confirmation's own pieces
+(`pick_candidates`, `rounds_needed`, `_judge`) judge the top candidates over rounds drawn the same
+way, and `tuner.study.verdict.decide` gives the headline. A study "reports a speedup" when that
+verdict is `speedup`. The study's own figure (best vs default as measured in the study, what the
+headline was before confirmation) is recorded beside it.
+
+*cpu*: real studies, each a `tuner run` (1 worker, SQLite, real child processes, real ONNX
+Runtime timing and the real confirmation) of bench/fixed_cost.py's backend, whose knobs change
+nothing: every route runs the same model with the same session options. Then `tuner best --json`.
+
+Both write their part of the top-level key "aa" of bench/results/measurement.json (other keys of
+that file, and the other part, are kept), with the load average and the time beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.landscape.oracle import Oracle  # noqa: E402
+from bench.landscape.strategies import TRIAL_CAP, Evaluator, ours_sampler  # noqa: E402
+from tuner import job as J  # noqa: E402
+from tuner.backends.replay.landscape import Landscape, Point, load_landscape  # noqa: E402
+from tuner.study import confirm as C  # noqa: E402
+from tuner.study import outcome  # noqa: E402
+from tuner.study.summary import summarize_study  # noqa: E402
+from tuner.study.verdict import SPEEDUP, decide  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "measurement.json"
+KEY = "aa"
+TARGET = 0.05  # the largest acceptable share of A/A studies that report a speedup
+LANDSCAPES = ("bench/landscapes/efficientnet_lite0.json.gz", "bench/landscapes/minilm_l6.json.gz")
+
+
+# -- the identical-routes landscape ----------------------------------------------------------------
+
+
+def identical_landscape(name: str, source: Landscape, oracle: Oracle) -> tuple[Landscape, dict[str, Any]]:
+    """Every route of `source`'s space answered by one pool of rounds of the default route's engine."""
+    default = source.point(oracle.space.default_route())
+    if default is None or default.outputs is None:
+        raise SystemExit(f"{name}: the default route has no recorded outputs")
+    level = oracle.true_value(default)
+    pool = []
+    for p in source.points:
+        true = oracle.true_value(p)
+        if p.outputs != default.outputs or not true:
+            continue
+        scale = level / true  # type: ignore[operator]
+        pool += [replace(r, samples_ms=tuple(s * scale for s in r.samples_ms)) for r in p.rounds if r.status == J.OK and r.timed]
+    points = [Point(p.route, () if p.invalid else tuple(pool), p.invalid, None if p.invalid else default.outputs) for p in source.points]
+    medians = np.array([np.median(r.samples_ms) for r in pool])
+    about = {"source": name, "routes": len(points), "pool_rounds": len(pool), "default_ms": round(float(level), 4),
+             "pool_round_median_cv": round(float(medians.std() / medians.mean()), 4),
+             "source_measured": source.meta["environment"].get("loadavg_start"), "source_written": source.meta["environment"].get("written")}
+    return Landscape(source.meta, points, source.feeds, source.reference, source.outputs), about
+
+
+def replay_study(oracle: Oracle, seed: int, trials: int, top_k: int, confidence: float) -> dict[str, Any]:
+    """One A/A study: search with the default sampler, confirm like `tuner run`, decide the headline."""
+    rng = np.random.default_rng([seed, 11])
+    ev = Evaluator(oracle, rng, trials)
+    study = optuna.create_study(direction="minimize", sampler=ours_sampler(seed))
+    study.enqueue_trial(oracle.space.default_route(), user_attrs={"source": "baseline"})
+    asked = 0
+    while not ev.done and asked < TRIAL_CAP * trials:
+        asked += 1
+        trial = study.ask()
+        outcome.record(study, trial, ev(oracle.space.suggest(trial)), oracle.tolerance, oracle.statistic, {})
+    summary = summarize_study(study)
+    frozen = study.get_trials(deepcopy=False)
+    doc: dict[str, Any] = {"study_best_trial": summary.best.number if summary.best else None,
+                           "baseline_trial": summary.baseline.number if summary.baseline else None, "confidence": confidence}
+    candidates = C.pick_candidates(frozen, summary.baseline, top_k) if summary.baseline else []
+    if candidates:
+        rounds = max(C.rounds_needed(confidence, len(candidates)), 8)
+        entries = [C.Entry(summary.baseline, "default")] + [C.Entry(t, f"trial {t.number}") for t in candidates]  # type: ignore[arg-type]
+        for _ in range(rounds):  # each round: every route once, a fresh "process" (a random recorded round) each
+            for e in entries:
+                e.medians.append(float(oracle.evaluate(dict(e.trial.params), rng, gate=False).latency[oracle.statistic]))
+        doc.update(C._judge(entries, rounds, confidence, oracle.statistic))
+    else:
+        doc.update(verdict=C.NOTHING_TO_CONFIRM, rounds=0, candidates=[], message="nothing to confirm")
+    head = decide(summary, doc, frozen)
+    return {"seed": seed, "trials": len(frozen), "verdict": head.verdict, "speedup": _r(head.estimate.speedup if head.estimate else None),
+            "ci": _r(head.estimate.ci if head.estimate else None), "study_speedup": _r(summary.speedup)}
+
+
+def run_replay(args: argparse.Namespace) -> dict[str, Any]:
+    """The replay part: `args.studies` A/A studies on each landscape."""
+    load_before, t0 = os.getloadavg(), time.time()
+    parts, rows = [], []
+    for name in LANDSCAPES:
+        source = load_landscape(REPO / name)
+        tolerance = float(source.meta["accuracy"]["tolerance"])  # the recorded study's; every route has the default's outputs
+        landscape, about = identical_landscape(name, source, Oracle(source, tolerance=tolerance))
+        oracle = Oracle(landscape, tolerance=tolerance)
+        these = [replay_study(oracle, seed, args.trials, args.top_k, args.confidence) for seed in range(args.studies)]
+        print(f"{name}: {sum(r['verdict'] == SPEEDUP for r in these)}/{len(these)} studies reported a speedup", flush=True)
+        parts.append({"landscape": about, **_rates(these), "studies_detail": these})
+        rows += these
+    return {"trials_per_study": args.trials, "confirm_top_k": args.top_k, "confidence": args.confidence, "sampler": "make_sampler (default)",
+            **_rates(rows), "machine": _machine(load_before, t0), "landscapes": parts}
+
+
+# -- real CPU studies -------------------------------------------------------------------------------
+
+
+def _spec(tmp: Path, index: int, args: argparse.Namespace) -> Path:
+    from tests.conftest import to_toml
+
+    spec = tmp / f"aa-{index}.toml"
+    spec.write_text(to_toml({
+        "study": {"name": f"aa-cpu-{index}", "work_dir": str(tmp / f"work-{index}")},
+        "model": {"path": str(tmp / "tiny.onnx")},
+        "data": {"samples": 4, "gate_samples": 2},
+        "accuracy": {"metric": "cosine", "tolerance": 1e-3},
+        "objective": {"warmup_s": 0.1, "min_repeats": 20, "min_duration_s": 0.2},
+        "backend": {"name": "bench.fixed_cost:FixedCostBackend", "options": {"build_s": 0.05}},
+        "run": {"budget": args.trials, "workers": 1, "seed": index, "trial_timeout_s": 120},
+    }))
+    return spec
+
+
+def _tuner(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+
+
+def cpu_study(tmp: Path, index: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One real A/A study: `tuner run` with its confirmation, then `tuner best --json`."""
+    spec, url = _spec(tmp, index, args), f"sqlite:///{tmp / f'aa-{index}.db'}"
+    load_before, t0 = os.getloadavg()[0], time.perf_counter()
+    run = _tuner("run", str(spec), "--storage", url, "--confirm-top-k", str(args.top_k))
+    if run.returncode != 0:
+        raise SystemExit(f"study {index}: tuner run failed ({run.returncode}): {run.stderr.strip().splitlines()[-1:]}")
+    best = json.loads(_tuner("best", str(spec), "--storage", url, "--json").stdout)
+    return {"seed": index, "verdict": best["verdict"], "speedup": _r(best["speedup"]), "ci": _r(best["speedup_ci"]),
+            "study_speedup": _r(best["study_speedup"]), "study_speedup_ci": _r(best.get("study_speedup_ci")),
+            "wall_s": round(time.perf_counter() - t0, 1), "loadavg_1min_before": round(load_before, 2),
+            "loadavg_1min_after": round(os.getloadavg()[0], 2)}
+
+
+def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    """The real part: `args.studies` studies on the no-op space, one after another."""
+    from tests.models import conv_model
+
+    load_before, t0 = os.getloadavg(), time.time()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tuner-aa-") as d:
+        tmp = Path(d)
+        conv_model(tmp / "tiny.onnx")
+        for i in range(args.studies):
+            rows.append(cpu_study(tmp, i, args))
+            r = rows[-1]
+            print(f"study {i}: {r['verdict']} (study's own estimate {r['study_speedup']}, {r['wall_s']} s, load {r['loadavg_1min_after']})", flush=True)
+    return {"backend": "bench.fixed_cost:FixedCostBackend (knobs a, b, c change nothing)", "model": "tests.models.conv_model (tiny CNN)",
+            "trials_per_study": args.trials, "workers": 1, "confirm_top_k": args.top_k, **_rates(rows),
+            "machine": _machine(load_before, t0), "studies_detail": rows}
+
+
+# -- figures and the results file -------------------------------------------------------------------
+
+
+def _rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(rows)
+    wins = sum(r["verdict"] == SPEEDUP for r in rows)
+    study = [r["study_speedup"] for r in rows if r["study_speedup"] is not None]
+    verdicts: dict[str, int] = {}
+    for r in rows:
+        verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
+    return {
+        "studies": n, "reported_speedup": wins, "false_win_rate": round(wins / n, 4), "false_win_rate_ci95": _wilson(wins, n),
+        "target": TARGET, "met": wins / n <= TARGET, "verdicts": verdicts,
+        "study_estimate_above_1": sum(s > 1.0 for s in study), "study_estimate_above_1_05": sum(s > 1.05 for s in study),
+        "study_estimate_median": round(statistics.median(study), 4) if study else None,
+        "study_estimate_max": round(max(study), 4) if study else None,
+    }
+
+
+def _r(value: Any) -> Any:
+    """Floats (also inside a list) to 4 decimals for the results file."""
+    if isinstance(value, list):
+        return [_r(v) for v in value]
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def _wilson(k: int, n: int, z: float = 1.96) -> list[float]:
+    """Wilson score interval of the share k/n."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def _machine(load_before: tuple[float, float, float], t0: float) -> dict[str, Any]:
+    return {"loadavg_before": [round(v, 2) for v in load_before], "loadavg_after": [round(v, 2) for v in os.getloadavg()],
+            "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "started": _utc(t0), "finished": _utc(time.time()), "wall_s": round(time.time() - t0, 1)}
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def write_part(part: str, doc: dict[str, Any], path: Path = RESULTS) -> None:
+    """Merge `doc` as results[KEY][part] into the results file (atomically), keeping every other key."""
+    results = json.loads(path.read_text()) if path.exists() else {}
+    section = dict(results.get(KEY) or {})
+    section[part] = doc
+    section["note"] = ("A/A: every route is the same engine; a study 'reports a speedup' when its verdict "
+                       "(tuner.study.verdict, after the end-of-study confirmation) is 'speedup'. Target: <= 5 % of studies.")
+    results[KEY] = section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(prog="python bench/aa.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("part", choices=("replay", "cpu"))
+    p.add_argument("--studies", type=int, default=None, help="studies (default: 200 per landscape replay, 5 cpu)")
+    p.add_argument("--trials", type=int, default=None, help="trial budget per study (default: 20 replay, 6 cpu)")
+    p.add_argument("--top-k", type=int, default=None, help="candidates confirmed (default: 3 replay, as `tuner run`; 1 cpu, to stay short)")
+    p.add_argument("--confidence", type=float, default=0.95)
+    args = p.parse_args(argv)
+    replay_part = args.part == "replay"
+    args.studies = args.studies or (200 if replay_part else 5)
+    args.trials = args.trials or (20 if replay_part else 6)
+    args.top_k = args.top_k or (3 if replay_part else 1)
+    doc = run_replay(args) if replay_part else run_cpu(args)
+    write_part(args.part, doc)
+    print(f"{args.part}: {doc['reported_speedup']}/{doc['studies']} A/A studies reported a speedup "
+          f"({doc['false_win_rate']:.1%}, 95% CI {doc['false_win_rate_ci95'][0]:.1%}-{doc['false_win_rate_ci95'][1]:.1%}; target <= {TARGET:.0%}); "
+          f"the study's own estimate was above 1.0 in {doc['study_estimate_above_1']} (max {doc['study_estimate_max']}x)")
+    return 0 if doc["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
