@@ -53,6 +53,7 @@ ROUTE_REJECTED = outcome("route-rejected", "TensorRT did not take the build rout
 TIMEOUT = outcome("timeout", "the trial ran past its wall-clock limit; its process group was killed")
 CRASH_SIGNAL = outcome("crash-signal", "the trial's child died of a signal (segfault, OOM kill)")
 CRASH_EXIT = outcome("crash-exit", "the trial's child exited without a result")
+SLOW = outcome("slow", "stopped during timing: its paired speedup interval already lay below the incumbent's", "pruned")
 INTERRUPTED = outcome("interrupted", "the run was stopped (Ctrl-C, SIGTERM) while the trial ran", "requeued")
 LOST = outcome("lost", "the trial's worker vanished; a live worker reaped it", "requeued")
 
@@ -91,8 +92,18 @@ class Job:
     gate_samples: int
     warmup_s: float
     min_repeats: int
-    min_duration_s: float
+    min_duration_s: float | None  # None: the device's default (tuner.worker.timing)
     timeout_s: float
+    # Paired timing (tuner.measure.paired, tuner.worker.timing).
+    statistic: str = "median"
+    mode: str = "per-call"
+    target_halfwidth: float = 0.02
+    timing_cap_s: float | None = None
+    block_s: float | None = None
+    role: str = "candidate"  # "baseline": the study's default route, measured alone (its speedup is 1)
+    baseline: dict[str, Any] | None = None  # the baseline engine to pair with: {"trial", "path", "sha256", "route"}
+    baseline_gate: str | None = None  # no baseline yet: wait on this gate for it (tuner.worker.timing.BaselineGate)
+    incumbent: float | None = None  # stop as `slow` when the speedup interval lies entirely below this
 
     def write(self, path: Path) -> None:
         """Save as JSON."""
@@ -121,6 +132,7 @@ class Result:
     accuracy_per_output: dict[str, float] = field(default_factory=dict)
     timing_info: dict[str, Any] = field(default_factory=dict)
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds spent in build/load/gate/time/accuracy
+    paired: dict[str, Any] = field(default_factory=dict)  # the paired timing's summary (tuner.worker.timing)
     log: str = ""
 
     def to_json(self) -> str:

@@ -69,6 +69,7 @@ class Runner(abc.ABC):
     """
 
     closed: bool = False
+    simulated: bool = False  # its latencies are replayed, not measured: timed the legacy way, unpaired and unlocked
 
     def __enter__(self) -> Runner:
         return self
@@ -99,6 +100,22 @@ class Runner(abc.ABC):
             return time.perf_counter() - t0
 
         return once
+
+    def timed_batch(self, feed: Feed) -> Callable[[int], float]:
+        """A callable doing `n` inferences on `feed` back to back and returning their total seconds.
+
+        For the pipelined objective (`[objective] mode = "pipelined"`). The default times `n` calls
+        of `infer` with the host clock; GPU runners enqueue the `n` calls between one event pair.
+        """
+        import time
+
+        def many(n: int) -> float:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                self.infer(feed)
+            return time.perf_counter() - t0
+
+        return many
 
     def timing_info(self) -> dict[str, Any]:
         """Facts to store with a latency measurement (clock source, device clocks, ...)."""

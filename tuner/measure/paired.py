@@ -58,7 +58,8 @@ class PairedPolicy:
     mode: str = PER_CALL
     confidence: float = 0.95
     target: float = 0.02  # stop when the speedup interval's relative half-width is within this
-    min_duration_s: float = 0.5  # measure at least this long after warm-up
+    min_duration_s: float = 0.5  # measure at least this long after warm-up ...
+    min_calls: int = 1  # ... and at least this many calls of the candidate
     cap_s: float = 10.0  # ... and at most this long (warm-up included), beyond the minimum cycles
     block_s: float = 0.05  # a block lasts about this long
     min_block_calls: int = 1
@@ -186,7 +187,11 @@ def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int
     running: list[list[float]] = []
     start = clock()
 
+    calls_done = 0
+
     def block(fn: BlockFn, n: int, samples: list[float], blocks: list[float]) -> float:
+        nonlocal calls_done
+        calls_done += n if fn is candidate else 0
         got = fn(n)
         samples.extend(got)
         blocks.append(block_statistic(got, stat))
@@ -215,7 +220,7 @@ def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int
         stop = ""
         if speedup is not None and incumbent is not None and speedup.high < incumbent:
             stop = SLOW
-        elif halfwidth <= policy.target and elapsed >= policy.min_duration_s:
+        elif halfwidth <= policy.target and elapsed >= policy.min_duration_s and calls_done >= policy.min_calls:
             stop = PRECISION
         elif elapsed >= policy.cap_s:
             stop = CAP

@@ -25,7 +25,7 @@ _SECTIONS: dict[str, set[str]] = {
     "model": {"path", "inputs"},
     "data": {"file", "seed", "samples", "gate_samples", "low", "high"},
     "accuracy": {"metric", "tolerance", "atol", "rtol"},
-    "objective": {"statistic", "warmup_s", "min_repeats", "min_duration_s"},
+    "objective": {"statistic", "warmup_s", "min_repeats", "min_duration_s", "mode", "target_halfwidth", "timing_cap_s", "block_s"},
     "backend": {"name", "space", "options"},
     "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials"},
 }
@@ -192,17 +192,26 @@ def _accuracy(r: _Reader) -> AccuracySpec:
 
 
 def _objective(r: _Reader) -> ObjectiveSpec:
+    from tuner.measure.paired import MODES
     from tuner.measure.timing import STATISTICS
 
     t = r.table("objective", required=False)
     statistic = r.get(t, "objective", "statistic", str, "median")
     if statistic not in STATISTICS:
         raise r.fail("objective.statistic", f"expected one of {', '.join(STATISTICS)}, got {statistic!r}")
+    mode = r.get(t, "objective", "mode", str, "per-call")
+    if mode not in MODES:
+        raise r.fail("objective.mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
+    target = r.number(t, "objective", "target_halfwidth", 0.02, strict=True)
+    if target >= 1.0:
+        raise r.fail("objective.target_halfwidth", f"expected a relative half-width below 1 (0.02 is ±2 %), got {target:g}")
+    device_default = {key: r.number(t, "objective", key, strict=strict) if key in t else None  # None: the device's default
+                      for key, strict in (("min_duration_s", False), ("timing_cap_s", True), ("block_s", True))}
     return ObjectiveSpec(
         statistic,
         r.number(t, "objective", "warmup_s", 0.2),
         r.count(t, "objective", "min_repeats", 20),
-        r.number(t, "objective", "min_duration_s", 1.0),
+        mode=mode, target_halfwidth=target, **device_default,
     )
 
 

@@ -1,7 +1,12 @@
 """Turn a trial's Result into what Optuna and the dashboard record.
 
 Encoding (chosen so every sampler learns from every outcome; see optuna-facts items 1 and 6):
-- timed routes are COMPLETE with the latency statistic as the value;
+- timed routes are COMPLETE; the value is the baseline trial's latency / the trial's paired speedup
+  where it was timed paired with the baseline (`tuner.study.racing` lists the attributes), else the
+  latency statistic itself;
+- routes stopped as `slow` during timing (their paired interval lay below the incumbent) are PRUNED,
+  with their running paired estimate reported as intermediate values (`trial.report`, in the same
+  units as the value), which TPE ranks pruned trials by;
 - routes that failed the quick accuracy gate, and routes that failed to build or run, are PRUNED
   (TPE learns from PRUNED trials; a bare FAIL is ignored by every sampler);
 - every finished trial carries the same two constraints, in the same order: `accuracy`
@@ -47,11 +52,30 @@ def accuracy_violation(accuracy: float | None, tolerance: float) -> float:
     return (accuracy - tolerance) / tolerance if tolerance > 0 else accuracy - tolerance
 
 
-def judge(result: J.Result, tolerance: float, statistic: str) -> Judgement:
+MAX_REPORTS = 20  # intermediate values reported per trial (the last cycle always among them)
+
+
+def paired_speedup(result: J.Result) -> float | None:
+    """The trial's paired speedup over the baseline engine, if it was timed paired."""
+    value = result.paired.get("speedup") if result.paired.get("paired") else None
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def study_value(result: J.Result, statistic: str, baseline_value: float | None) -> float:
+    """The value told to Optuna: baseline latency / paired speedup, else the measured latency statistic."""
+    speedup = paired_speedup(result)
+    if speedup is not None and baseline_value:
+        return baseline_value / speedup
+    return float(result.latency[statistic]) if result.latency else math.nan
+
+
+def judge(result: J.Result, tolerance: float, statistic: str, baseline_value: float | None = None) -> Judgement:
     """The state, objective value and constraints for a result."""
     if result.status in (J.OK, J.ACCURACY) and result.latency:
         acc = accuracy_violation(result.accuracy, tolerance)
-        return Judgement(TrialState.COMPLETE, float(result.latency[statistic]), (acc, -1.0), acc <= 0)
+        return Judgement(TrialState.COMPLETE, study_value(result, statistic, baseline_value), (acc, -1.0), acc <= 0)
+    if result.status == J.SLOW:
+        return Judgement(TrialState.PRUNED, None, (accuracy_violation(result.accuracy, tolerance), -1.0), False)
     if result.status == J.GATE_FAILED:
         return Judgement(TrialState.PRUNED, None, (max(accuracy_violation(result.accuracy, tolerance), 1e-9), -1.0), False)
     if result.status in UNCOUNTED:
@@ -70,6 +94,8 @@ def user_attrs(result: J.Result, metric: str, tolerance: float, extra: dict[str,
     }
     if result.latency:
         attrs["latency_ms"] = {k: round(float(v), 6) for k, v in result.latency.items()}
+    if result.paired:
+        attrs.update(paired_attrs(result))
     if result.accuracy_per_output:
         attrs["accuracy_per_output"] = {k: _finite(v) for k, v in list(result.accuracy_per_output.items())[:20]}
     for key in ("build_s", "artifact_sha256", "artifact_bytes"):
@@ -79,15 +105,50 @@ def user_attrs(result: J.Result, metric: str, tolerance: float, extra: dict[str,
     return attrs
 
 
+def paired_attrs(result: J.Result) -> dict[str, Any]:
+    """The paired-timing attributes (names documented in `tuner.study.racing`)."""
+    p = result.paired
+    timing = {k: p[k] for k in ("cycles", "seconds", "halfwidth", "drift", "repeated", "steady", "warmup", "attempts", "level_ms",
+                                "baseline_trial", "baseline_wait_s", "baseline_load_s") if k in p}
+    info = result.timing_info
+    timing.update({k: info[k] for k in ("exclusive", "device", "lock_wait_s", "loadavg_before", "loadavg_after", "clocks_before",
+                                         "clocks_after", "mode") if k in info})
+    attrs: dict[str, Any] = {"paired": bool(p.get("paired")), "timing_stop": p.get("stop", ""), "timing": timing}
+    if p.get("paired"):
+        attrs.update(speedup_paired=p["speedup"], speedup_paired_ci=list(p["ci"]), speedup_paired_confidence=p.get("confidence"))
+        if p.get("baseline_latency"):
+            attrs["baseline_latency_ms"] = {k: round(float(v), 6) for k, v in p["baseline_latency"].items()}
+    else:
+        attrs["unpaired"] = p.get("unpaired", "")
+        if p.get("role") == "baseline":
+            attrs["speedup_paired"], attrs["speedup_paired_ci"] = 1.0, [1.0, 1.0]
+    return attrs
+
+
+def _report(trial: optuna.Trial, result: J.Result, baseline_value: float | None) -> None:
+    """The running paired estimate as intermediate values, in the value's units (at most MAX_REPORTS)."""
+    running = result.paired.get("running") or []
+    if not running or not baseline_value:
+        return
+    step = max(1, math.ceil(len(running) / MAX_REPORTS))
+    for cycle, estimate, *_ in running[::-1][::step][::-1]:
+        trial.report(baseline_value / float(estimate), int(cycle))
+
+
 def _finite(v: float | None) -> float | str | None:
     if v is None:
         return None
     return float(v) if math.isfinite(v) else str(v)
 
 
-def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance: float, statistic: str, attrs: dict[str, Any]) -> Judgement:
-    """Write attributes and constraints, then tell Optuna how the trial ended."""
-    j = judge(result, tolerance, statistic)
+def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance: float, statistic: str, attrs: dict[str, Any],
+           baseline_value: float | None = None) -> Judgement:
+    """Write attributes, constraints and intermediate values, then tell Optuna how the trial ended.
+
+    `baseline_value` is the baseline trial's value (the study-wide baseline latency), when known.
+    """
+    j = judge(result, tolerance, statistic, baseline_value)
+    _report(trial, result, baseline_value)
     for key, value in {**attrs, "feasible": j.feasible}.items():  # "feasible": the dashboard shows no constraints
         trial.set_user_attr(key, value)
     for key, value in zip(CONSTRAINT_KEYS, j.constraints):

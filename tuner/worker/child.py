@@ -20,8 +20,9 @@ from tuner.errors import TrialFailure
 from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.reference import load_reference
-from tuner.measure.timing import TimingPolicy, measure, summarize
+from tuner.measure.exclusive import HOST, DeviceLock
 from tuner import job as J
+from tuner.worker.timing import time_trial
 
 @dataclass
 class Trial:
@@ -99,13 +100,9 @@ def gate_phase(t: Trial, runner: Runner) -> list[Outputs] | None:
 
 
 def time_phase(t: Trial, runner: Runner) -> None:
-    """Time the engine on the first feed: raw samples, their statistics and the clock's facts."""
+    """Time the engine on the first feed, paired with the study's baseline engine (`tuner.worker.timing`)."""
     t.enter("time")
-    job = t.job
-    samples = measure(runner.timed(t.feeds[0]), TimingPolicy(job.warmup_s, job.min_repeats, job.min_duration_s))
-    t.res.samples_ms = samples
-    t.res.latency = summarize(samples).to_dict()
-    t.res.timing_info = runner.timing_info()
+    time_trial(t.job, t.backend, t.ctx, runner, t.feeds[0], t.res)
 
 
 def accuracy_phase(t: Trial, runner: Runner, gate_out: list[Outputs]) -> None:
@@ -124,13 +121,19 @@ def run_job(job: J.Job, result_path: Path) -> J.Result:
     """Execute one trial and return its result (also written to `result_path` as it progresses)."""
     t = Trial.open(job, result_path)
     res = t.res
+    cores = DeviceLock(HOST)  # everything but the timing holds the host's cores shared: no timing runs meanwhile
     try:
-        artifact = build_phase(t)
-        with load_phase(t, artifact) as runner:
-            gate_out = gate_phase(t, runner)
+        with cores.shared():
+            artifact = build_phase(t)
+            runner_cm = load_phase(t, artifact)
+        with runner_cm as runner:
+            with cores.shared():
+                gate_out = gate_phase(t, runner)
             if gate_out is not None:
                 time_phase(t, runner)
-                accuracy_phase(t, runner, gate_out)
+                if res.status != J.SLOW:
+                    with cores.shared():
+                        accuracy_phase(t, runner, gate_out)
     except TrialFailure as exc:  # the route's own failure, with the class its type carries
         res.status, res.message = exc.failure_class, str(exc)
     except Exception as exc:  # any other error in build/run is this route's failure, with its class name

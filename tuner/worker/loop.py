@@ -13,6 +13,7 @@ import shutil
 import signal
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,15 @@ from tuner.store.cache import ResultStore, cache_key
 from tuner.store.db import db_retry, study_lock
 from tuner.store.leases import Leases, Owner
 from tuner.study import optuna_adapter as oa
-from tuner.study import outcome
+from tuner.study import outcome, racing
 from tuner.study.budget import count_trials
 from tuner.study.note import update_note
 from tuner.study.sampler import make_sampler
 from tuner.study.setup import Context
 from tuner import job as J
 from tuner.worker.isolate import ChildHandle, run_isolated
+from tuner.worker.race import Racer
+from tuner.worker.timing import BaselineGate
 
 log = logging.getLogger("tuner.worker")
 
@@ -69,6 +72,9 @@ class Worker:
         self.leases = Leases(ctx.url, self.spec.study)
         self.results = ResultStore(ctx.url)
         self.env_id = self.results.record_environment(self._environment())
+        self.gate = BaselineGate(ctx.work_dir)
+        self.holding_gate = ExitStack()  # the baseline gate, while this worker evaluates the baseline trial
+        self.racer = Racer(ctx, self.study, self.results, self.name, self.stop.child)
 
     def _environment(self) -> dict[str, Any]:
         b = self.ctx.backend
@@ -92,6 +98,8 @@ class Worker:
                 continue
             self.evaluate_and_tell(trial, started)
             done += 1
+            if not self.stop.event.is_set():
+                self.racer.race()  # re-measure close leaders before spending more budget
         return done
 
     def reserve(self) -> tuple[optuna.Trial | None, int]:
@@ -102,6 +110,8 @@ class Worker:
                 return None, counts.running
             trial = self.study.ask()
             self.leases.take(oa.trial_id(trial), self.owner)
+            if trial.user_attrs.get("source") == racing.BASELINE_SOURCE:
+                self.holding_gate.enter_context(self.gate.close_for_baseline())  # before any later trial exists
             return trial, counts.running
 
     def reap(self) -> list[int]:
@@ -155,9 +165,14 @@ class Worker:
             result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
         wall = time.perf_counter() - started
         extra.update(trial_wall_s=round(wall, 4), overhead_s=round(wall - sum(result.phase_s.values()), 4))
-        for attempt in db_retry():
-            with attempt:
-                self._tell(trial, result, extra)
+        try:
+            for attempt in db_retry():
+                with attempt:
+                    self._tell(trial, result, extra)
+            if result.status == J.OK and result.artifact_path and trial.user_attrs.get("source") == racing.BASELINE_SOURCE:
+                self.gate.publish({"trial": trial.number, "path": result.artifact_path, "sha256": result.artifact_sha256, "route": route})
+        finally:
+            self.holding_gate.close()
         self.leases.release(oa.trial_id(trial))
 
     def _tell(self, trial: optuna.Trial, result: J.Result, extra: dict[str, Any]) -> None:
@@ -165,7 +180,9 @@ class Worker:
         if frozen.state.is_finished():
             return  # an earlier attempt was committed before the connection dropped
         attrs = outcome.user_attrs(result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name})
-        outcome.record(self.study, trial, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs)
+        base = racing.baseline_trial(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        outcome.record(self.study, trial, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs,
+                       base.value if base is not None else None)
         update_note(self.study)  # never raises: the dashboard's study note states the best feasible trial
         if result.status == J.INTERRUPTED:
             with study_lock(self.ctx.url, self.spec.study):
@@ -186,7 +203,7 @@ class Worker:
             backend=self.ctx.backend.name, backend_version=self.ctx.backend.version(), environment_id=self.env_id,
             route=route, options=spec.backend.options,
             measure={"metric": spec.accuracy.metric, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol,
-                     "gate": spec.data.gate_samples, "timing": [spec.objective.warmup_s, spec.objective.min_repeats, spec.objective.min_duration_s]},
+                     "gate": spec.data.gate_samples, "timing": timing_settings(spec)},
         )
         extra: dict[str, Any] = {"cache_key": key[:16], "cache_hit": False}
         reason = self.ctx.space.check(route)
@@ -207,12 +224,28 @@ class Worker:
 
     def _run_child(self, number: int, route: dict[str, Any]) -> J.Result:
         trial_dir = self.ctx.work_dir / "trials" / f"{number:05d}"
-        job = make_job(self.ctx, route, trial_dir / "out")
+        job = make_job(self.ctx, route, trial_dir / "out", **self._pairing(number))
         result = run_isolated(job, trial_dir, self.stop.child, self.child_env)
         self._keep_artifact(result)
         self._upload_log(number, trial_dir)
         shutil.rmtree(trial_dir / "out", ignore_errors=True)
         return result
+
+    def _pairing(self, number: int) -> dict[str, Any]:
+        """What trial `number` is timed against: its role, the baseline engine (or the gate to wait on), the incumbent."""
+        for attempt in db_retry():
+            with attempt:
+                trials = self.study.get_trials(deepcopy=False)
+        this = next(t for t in trials if t.number == number)
+        if racing.is_baseline(this):
+            return {"role": "baseline"}
+        base = racing.baseline_trial(trials)
+        pairing: dict[str, Any] = {"incumbent": racing.incumbent(trials, racing.races(self.study))}
+        if base is not None:
+            pairing["baseline"] = self.racer.baseline_engine(base)
+        elif racing.baseline_pending(trials):
+            pairing["baseline_gate"] = str(self.ctx.work_dir)
+        return pairing
 
     def _keep_artifact(self, result: J.Result) -> None:
         """Move the artifact to the content-addressed store (work_dir/artifacts/<sha256><suffix>)."""
@@ -250,7 +283,8 @@ class Worker:
             result=_json_safe(result), artifact_sha256=result.artifact_sha256, study=self.spec.study, trial_number=number,
         )
         if result.samples_ms:
-            self.results.add_measurement(self.spec.study, number, key, "trial", result.latency or {}, result.samples_ms, result.timing_info)
+            self.results.add_measurement(self.spec.study, number, key, "trial", {**(result.latency or {}), **measurement_stats(result)},
+                                         result.samples_ms, result.timing_info)
 
 
 def _route_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
@@ -258,9 +292,26 @@ def _route_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
 
 
-def make_job(ctx: Context, route: dict[str, Any], out_dir: Path) -> J.Job:
-    """The child's job for building and measuring `route` of the study `ctx`."""
+def timing_settings(spec: Any) -> list[Any]:
+    """The [objective] settings a timing depends on (part of every cache key)."""
+    o = spec.objective
+    return [o.warmup_s, o.min_repeats, o.min_duration_s, o.mode, o.target_halfwidth, o.timing_cap_s, o.block_s]
+
+
+def measurement_stats(result: J.Result) -> dict[str, Any]:
+    """What a kept measurement records of its pairing: the ratio, its interval, the per-cycle log ratios."""
+    p = result.paired
+    return {"paired": {k: p[k] for k in ("paired", "speedup", "ci", "stop", "cycles", "log_ratios", "baseline_latency") if k in p}} if p else {}
+
+
+def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any) -> J.Job:
+    """The child's job for building and measuring `route` of the study `ctx`.
+
+    `pairing` sets the job's role, baseline, baseline_gate and incumbent (see `tuner.job.Job`);
+    without it the route is timed alone.
+    """
     spec = ctx.spec
+    o = spec.objective
     return J.Job(
         backend=spec.backend.name, route=route, model_path=str(spec.model.path),
         input_shapes={k: list(v) for k, v in spec.model.inputs.items()}, options=spec.backend.options,
@@ -269,6 +320,8 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path) -> J.Job:
         atol=spec.accuracy.atol, rtol=spec.accuracy.rtol, gate_samples=spec.data.gate_samples,
         warmup_s=spec.objective.warmup_s, min_repeats=spec.objective.min_repeats,
         min_duration_s=spec.objective.min_duration_s, timeout_s=spec.run.trial_timeout_s,
+        statistic=o.statistic, mode=o.mode, target_halfwidth=o.target_halfwidth, timing_cap_s=o.timing_cap_s, block_s=o.block_s,
+        **pairing,
     )
 
 

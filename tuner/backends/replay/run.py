@@ -18,6 +18,8 @@ class ReplayRunner(Runner):
     the statistic of a bootstrap resample of the recording: noise as measured, seeded per trial.
     """
 
+    simulated = True
+
     def __init__(self, landscape: Landscape, point: Point, index: int, rng: np.random.Generator, deadline_s: float | None) -> None:
         self.landscape = landscape
         self.point = point

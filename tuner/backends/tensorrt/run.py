@@ -99,6 +99,11 @@ class TrtRunner(Runner):
 
     def timed(self, feed: Feed) -> Callable[[], float]:
         """One enqueue (or CUDA-graph launch) timed with CUDA events; inputs uploaded once, before."""
+        many = self.timed_batch(feed)
+        return lambda: many(1)
+
+    def timed_batch(self, feed: Feed) -> Callable[[int], float]:
+        """`n` enqueues (or graph launches) back to back between one event pair (pipelined latency)."""
         timer = self._stream_timer()
         self._bind(feed)
         timer.time(self._enqueue)  # the first enqueue does deferred allocations; capture after it
@@ -110,7 +115,15 @@ class TrtRunner(Runner):
                 self.graph_error = str(exc)
         if self.graph is not None:
             launch = self.graph.launch
-        return lambda: float(timer.time(launch))
+
+        def many(n: int) -> float:
+            def enqueue(stream: int) -> None:
+                for _ in range(n):
+                    launch(stream)
+
+            return float(timer.time(enqueue))
+
+        return many
 
     def timing_info(self) -> dict[str, Any]:
         info = dict(self.timer.info()) if self.timer is not None else {}

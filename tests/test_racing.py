@@ -1,0 +1,111 @@
+"""Racing and pruning decisions, the baseline gate across real processes, and a real study whose trials carry paired ratios."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from tests.conftest import REPO, SpecWriter, tuner
+from tests.helpers import trials as read_trials
+from tests.test_exclusive import wait_blocked
+from tuner import job as J
+from tuner.study import racing as R
+from tuner.study.outcome import judge
+from tuner.worker.timing import BaselineGate
+
+
+def _trial(number: int, speedup: float, ci: tuple[float, float], feasible: bool = True, source: str = "") -> optuna.trial.FrozenTrial:
+    attrs = {"paired": True, "speedup_paired": speedup, "speedup_paired_ci": list(ci)}
+    if source:
+        attrs = {"source": source, "paired": False, "speedup_paired": 1.0, "speedup_paired_ci": [1.0, 1.0]}
+    t = optuna.trial.create_trial(params={"k": str(number)}, distributions={"k": CategoricalDistribution([str(i) for i in range(20)])},
+                                  value=10.0 / speedup, user_attrs=attrs,
+                                  constraints={"accuracy": -1.0 if feasible else 0.5, "failure": -1.0})
+    t.number = number
+    return t
+
+
+def test_the_leader_is_re_measured_and_so_are_the_leaders_it_overlaps() -> None:
+    trials = [_trial(0, 1.0, (1.0, 1.0), source="baseline"), _trial(1, 1.50, (1.45, 1.55)), _trial(2, 1.40, (1.30, 1.46)),
+              _trial(3, 1.20, (1.15, 1.25)), _trial(4, 2.0, (1.9, 2.1), feasible=False)]
+    ranked = R.standings(trials, {})
+    assert [s.number for s in ranked] == [1, 2, 3]  # the infeasible and the baseline trial do not race
+    assert R.to_race(ranked) == [1, 2]  # trial 2's interval reaches into the leader's; trial 3's does not
+    raced = {"1": {"speedup_refined": 1.52, "speedup_refined_ci": [1.50, 1.54], "remeasured": 1},
+             "2": {"speedup_refined": 1.38, "speedup_refined_ci": [1.33, 1.42], "remeasured": 1}}
+    assert R.to_race(R.standings(trials, raced)) == []  # now apart, and the leader has been re-measured
+    assert R.to_race([R.Standing(1, 1.5, 1.4, 1.6, 2), R.Standing(2, 1.45, 1.35, 1.55, 2)]) == []  # re-measured enough
+    assert R.to_race([R.Standing(1, 1.5, 1.4, 1.6, 0)]) == [1]  # a lone leader is re-measured once (the winner's curse)
+
+
+def test_confirmed_best_and_incumbent() -> None:
+    trials = [_trial(0, 1.0, (1.0, 1.0), source="baseline"), _trial(1, 1.6, (1.2, 2.0)), _trial(2, 1.3, (1.25, 1.35)), _trial(3, 1.05, (0.95, 1.1))]
+    assert R.best_confirmed(trials, {}) is None  # nothing re-measured yet
+    assert R.incumbent(trials, {}) == 1.25  # the best lower bound: a candidate entirely below it is slow
+    raced = {"1": {"speedup_refined": 1.1, "speedup_refined_ci": [0.98, 1.2], "remeasured": 2},
+             "2": {"speedup_refined": 1.31, "speedup_refined_ci": [1.27, 1.35], "remeasured": 1}}
+    best = R.best_confirmed(trials, raced)
+    assert best is not None and best.number == 2  # trial 1's pooled interval now includes 1.0
+    assert R.incumbent([_trial(3, 0.9, (0.8, 0.95))], {}) == 1.0  # never below the default route
+    attrs = R.refined_attrs(R.refine([math.log(1.3)] * 3 + [math.log(1.32)] * 3, 0.95), 1, 10.0)
+    assert attrs["confirmed"] and attrs["value_refined"] == pytest.approx(10.0 / attrs["speedup_refined"])
+
+
+def test_study_value_is_the_baseline_latency_over_the_paired_speedup() -> None:
+    res = J.Result(status=J.OK, latency={"median": 3.0}, accuracy=0.0, paired={"paired": True, "speedup": 2.0, "ci": [1.9, 2.1]})
+    assert judge(res, 0.1, "median", baseline_value=8.0).value == 4.0  # not the 3.0 ms measured at another moment
+    assert judge(res, 0.1, "median").value == 3.0  # no baseline value yet: the measured latency
+    slow = J.Result(status=J.SLOW, latency={"median": 9.0}, accuracy=0.0, paired={"paired": True, "speedup": 0.5, "ci": [0.4, 0.6]})
+    j = judge(slow, 0.1, "median", baseline_value=8.0)
+    assert j.state == TrialState.PRUNED and j.constraints == (-1.0, -1.0)  # slow, not broken
+
+
+GATE_WAITER = "import sys; from tuner.worker.timing import BaselineGate; print(BaselineGate(sys.argv[1]).wait(), flush=True)"
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe the waiting process")
+@pytest.mark.parametrize("published", [True, False])
+def test_a_trial_waits_for_the_baseline_gate_and_wakes_when_it_is_published(tmp_path: Path, published: bool) -> None:
+    gate = BaselineGate(tmp_path)
+    with gate.close_for_baseline():
+        waiter = subprocess.Popen([sys.executable, "-c", GATE_WAITER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+        wait_blocked(waiter.pid)  # it waits while the baseline is being evaluated
+        if published:
+            gate.publish({"trial": 0, "path": "/x/engine.onnx"})
+    out, _ = waiter.communicate(timeout=60)
+    assert out.strip() == ("{'trial': 0, 'path': '/x/engine.onnx'}" if published else "None")
+
+
+def test_a_two_worker_study_pairs_every_candidate_with_the_baseline(write_spec: SpecWriter, pg_url: str) -> None:
+    spec = write_spec(**{"run.budget": 5, "run.workers": 2})
+    run = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
+    assert run.returncode == 0, run.stderr[-3000:]
+    trials = sorted(read_trials(pg_url, "tiny"), key=lambda t: t.number)
+    base = trials[0]
+    assert base.user_attrs["source"] == "baseline" and base.state == TrialState.COMPLETE
+    assert base.user_attrs["speedup_paired"] == 1.0 and not base.user_attrs["paired"]
+    timed = [t for t in trials[1:] if t.user_attrs.get("timing_stop")]
+    assert timed, [t.user_attrs.get("failure_class") for t in trials]
+    for t in timed:
+        a = t.user_attrs
+        assert a["paired"], a.get("unpaired")  # the second worker waited for the baseline instead of timing alone
+        low, high = a["speedup_paired_ci"]
+        assert low <= a["speedup_paired"] <= high and a["timing"]["baseline_trial"] == 0
+        assert a["timing_stop"] in ("precision", "cap", "slow") and a["timing"]["exclusive"] is True
+        assert len(a["timing"]["loadavg_before"]) == 3 and a["baseline_latency_ms"]["median"] > 0
+        if t.state == TrialState.COMPLETE:
+            assert t.value == pytest.approx(base.value / a["speedup_paired"])
+        else:
+            assert a["failure_class"] == "slow" and "slower than the incumbent" in a["message"]
+            assert t.intermediate_values  # the running paired estimate, for the sampler
+        if t.datetime_start < base.datetime_complete:  # started while the baseline was still being evaluated
+            assert "baseline_wait_s" in a["timing"], a["timing"]

@@ -1,0 +1,148 @@
+"""Paired trials in the study: what a trial is paired with, the incumbent, racing close leaders, "confirmed".
+
+Trial user attributes (written by `tuner.study.outcome` and by racing here; read by `tuner best`,
+the note and the report):
+
+- `paired` (bool): the trial was timed paired with the baseline engine in one process (ABBA blocks).
+  False for the baseline trial itself and for trials measured unpaired (`unpaired`: why).
+- `speedup_paired` (float): baseline latency / candidate latency from that pairing (Hodges-Lehmann);
+  1.0 for the baseline trial. `speedup_paired_ci` ([low, high]) its interval at
+  `speedup_paired_confidence`.
+- `timing_stop`: what ended the measurement: `precision` (interval within the target half-width),
+  `cap` (the timing cap was spent first) or `slow` (pruned: the interval lay below the incumbent).
+- `timing` (dict): cycles, seconds, half-width, drift/repeat flags, warm-up, exclusive, load
+  average and clocks before/after, baseline wait/load seconds, mode.
+- `baseline_latency_ms` (dict): the baseline engine's latency statistics measured in this trial.
+Racing results live in the *study* user attribute `racing` (Optuna refuses to change a finished
+trial's attributes or value): `{"<trial number>": {...}}` with `speedup_refined`,
+`speedup_refined_ci` (every paired measurement of the trial pooled: the original and each
+re-measurement), `value_refined` (the study value from the refined speedup), `remeasured` (how
+many re-measurements), `confirmed` (bool, see `is_confirmed`) and, while a worker re-measures it,
+`claim`. Each re-measurement's samples are kept in `tuner_measurements` (kind `race`). Read it
+with `races(study)`; the study's best is `best_confirmed(trials, races)`.
+
+The value told to Optuna for a paired trial is `baseline value / speedup_paired`: the baseline
+trial's own latency (the study-wide baseline latency) scaled by the paired ratio, so the sampler
+sees milliseconds that are comparable across trials without the drift between them. A refined
+value cannot be told to Optuna afterwards; the sampler keeps the first one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.measure.speedup import Speedup, speedup_from_log_ratios
+from tuner.study.outcome import is_feasible
+
+ATTR = "racing"
+BASELINE_SOURCE = "baseline"
+Races = Mapping[str, Mapping[str, Any]]
+CONFIDENCE = 0.95  # of the pooled interval (the trials' own intervals use the same level)
+REMEASURE_MAX = 2  # re-measurements of one trial while racing
+RACE_TOP_K = 3  # leaders considered for racing
+
+
+def races(study: optuna.Study) -> dict[str, dict[str, Any]]:
+    """The study's racing document (trial number as a string -> refined standing)."""
+    return dict(study.user_attrs.get(ATTR) or {})
+
+
+def is_baseline(t: FrozenTrial) -> bool:
+    """The trial of the study's default route (enqueued first)."""
+    return t.user_attrs.get("source") == BASELINE_SOURCE
+
+
+def baseline_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """The completed baseline trial, if any."""
+    return next((t for t in trials if is_baseline(t) and t.state == TrialState.COMPLETE), None)
+
+
+def baseline_pending(trials: Sequence[FrozenTrial]) -> bool:
+    """A baseline trial is waiting or running (no completed one yet)."""
+    return baseline_trial(trials) is None and any(is_baseline(t) and not t.state.is_finished() for t in trials)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A feasible paired trial's current speedup (refined where it was re-measured)."""
+
+    number: int
+    estimate: float
+    low: float
+    high: float
+    remeasured: int
+
+
+def standing(t: FrozenTrial, raced: Races) -> Standing | None:
+    """The trial's standing (refined where it was re-measured), or None when it has no paired speedup or is not feasible."""
+    if not is_feasible(t) or is_baseline(t) or not t.user_attrs.get("paired"):
+        return None
+    r = raced.get(str(t.number)) or {}
+    if "speedup_refined" in r:
+        est, (low, high) = r["speedup_refined"], r["speedup_refined_ci"]
+    else:
+        est, (low, high) = t.user_attrs["speedup_paired"], t.user_attrs["speedup_paired_ci"]
+    return Standing(t.number, float(est), float(low), float(high), int(r.get("remeasured", 0)))
+
+
+def standings(trials: Sequence[FrozenTrial], raced: Races) -> list[Standing]:
+    """Every feasible paired trial's standing, fastest first."""
+    out = [s for s in (standing(t, raced) for t in trials) if s is not None]
+    return sorted(out, key=lambda s: (-s.estimate, s.number))
+
+
+def to_race(ranked: Sequence[Standing], top_k: int = RACE_TOP_K, max_remeasure: int = REMEASURE_MAX) -> list[int]:
+    """The trials to re-measure now: the leader if it was never re-measured, and leaders whose intervals overlap the leader's.
+
+    Among the `top_k` fastest, those overlapping the leader's interval (and the leader itself, when
+    any overlap) are re-measured until each has had `max_remeasure` re-measurements.
+    """
+    if not ranked:
+        return []
+    leader, rest = ranked[0], list(ranked[1:top_k])
+    close = [s for s in rest if s.high >= leader.low and leader.high >= s.low]
+    picked = [leader] if close or leader.remeasured == 0 else []
+    return [s.number for s in picked + close if s.remeasured < max_remeasure]
+
+
+def is_confirmed(s: Standing) -> bool:
+    """Re-measured at least once, and the pooled interval lies entirely above 1 (faster than the default)."""
+    return s.remeasured >= 1 and s.low > 1.0
+
+
+def best_confirmed(trials: Sequence[FrozenTrial], raced: Races) -> FrozenTrial | None:
+    """The study's best: the fastest confirmed trial (by pooled speedup), or None."""
+    by_number = {t.number: t for t in trials}
+    confirmed = [s for s in standings(trials, raced) if is_confirmed(s)]
+    return by_number[confirmed[0].number] if confirmed else None
+
+
+def incumbent(trials: Sequence[FrozenTrial], raced: Races) -> float:
+    """The speedup a new candidate's interval must reach not to be stopped as slow.
+
+    The largest lower interval bound among the feasible paired trials (refined where available), at
+    least 1.0 (the default route): a candidate is pruned only when its whole interval lies below an
+    interval that is already known, i.e. the two do not overlap.
+    """
+    return max([1.0] + [s.low for s in standings(trials, raced)])
+
+
+def refine(log_ratios: Sequence[float], confidence: float) -> Speedup:
+    """The pooled speedup of every paired cycle measured for one trial."""
+    return speedup_from_log_ratios(list(log_ratios), confidence)
+
+
+def refined_attrs(pooled: Speedup, remeasured: int, baseline_value: float | None) -> dict[str, Any]:
+    """The racing attributes of a trial after a re-measurement."""
+    s = Standing(-1, pooled.estimate, pooled.low, pooled.high, remeasured)
+    attrs: dict[str, Any] = {"speedup_refined": pooled.estimate, "speedup_refined_ci": [pooled.low, pooled.high],
+                             "remeasured": remeasured, "confirmed": is_confirmed(s)}
+    if baseline_value and math.isfinite(pooled.estimate) and pooled.estimate > 0:
+        attrs["value_refined"] = baseline_value / pooled.estimate
+    return attrs

@@ -1,0 +1,132 @@
+"""Racing during the study: re-measure close leaders (paired, exclusive) before the worker asks for more.
+
+After each trial a worker looks at the feasible paired trials (`tuner.study.racing.to_race`): a
+leader never re-measured, and leaders whose intervals overlap, are timed again on their stored
+artifacts in a fresh child (`tuner.study.reuse`), paired with the baseline engine like a trial.
+Each re-measurement is kept (`tuner_measurements`, kind `race`), every paired cycle of the trial is
+pooled into one refined interval, and the study's `racing` document is updated under the study
+lock. A trial is claimed there while it is re-measured, so two workers never race the same trial
+at once; a claim older than the trial timeout belongs to a dead worker and is taken over.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from tuner import job as J
+from tuner.store.cache import ResultStore
+from tuner.store.db import db_retry, study_lock
+from tuner.study import racing
+from tuner.study.reuse import WRAPPER, reuse_env
+from tuner.study.setup import Context
+from tuner.worker.isolate import ChildHandle, run_isolated
+
+log = logging.getLogger("tuner.worker")
+KIND = "race"
+
+
+class Racer:
+    """One worker's racing of close leaders."""
+
+    def __init__(self, ctx: Context, study: optuna.Study, results: ResultStore, name: str, handle: ChildHandle) -> None:
+        self.ctx, self.study, self.results, self.name, self.handle = ctx, study, results, name, handle
+
+    def baseline_engine(self, base: FrozenTrial) -> dict[str, Any] | None:
+        """The baseline trial's stored artifact as a job's `baseline`, if it is on this host."""
+        sha = base.user_attrs.get("artifact_sha256")
+        record = self.results.artifact(sha) if sha else None
+        if record is None or not Path(record.path).is_file():
+            return None
+        return {"trial": base.number, "path": record.path, "sha256": sha, "route": dict(base.params)}
+
+    def race(self) -> list[int]:
+        """Re-measure what `racing.to_race` picks now; the trial numbers re-measured."""
+        for attempt in db_retry():
+            with attempt:
+                trials = self.study.get_trials(deepcopy=False)
+                picked = racing.to_race(racing.standings(trials, racing.races(self.study)))
+        base = racing.baseline_trial(trials)
+        engine = self.baseline_engine(base) if base is not None else None
+        if engine is None or base is None:
+            return []
+        by_number = {t.number: t for t in trials}
+        done = []
+        for number in picked:
+            if not self._claim(number):
+                continue
+            result: J.Result | None = None
+            try:
+                result = self._remeasure(by_number[number], engine)
+            finally:
+                if self._record(number, result, base.value):
+                    done.append(number)
+        return done
+
+    def _update(self, number: int, change: dict[str, Any] | None) -> dict[str, Any]:
+        """Read-modify-write trial `number`'s entry of the racing document (caller holds the study lock)."""
+        doc = racing.races(self.study)
+        entry = dict(doc.get(str(number)) or {})
+        if change is not None:
+            entry.update(change)
+            doc[str(number)] = entry
+            self.study.set_user_attr(racing.ATTR, doc)
+        return entry
+
+    def _claim(self, number: int) -> bool:
+        """Claim trial `number` for re-measurement unless a live worker has, or it is done racing."""
+        for attempt in db_retry():
+            with attempt, study_lock(self.ctx.url, self.ctx.spec.study):
+                entry = self._update(number, None)
+                claim = entry.get("claim") or {}
+                if claim and time.time() - float(claim.get("since", 0)) < self.ctx.spec.run.trial_timeout_s:
+                    return False
+                if int(entry.get("remeasured", 0)) >= racing.REMEASURE_MAX:
+                    return False
+                self._update(number, {"claim": {"worker": self.name, "since": time.time()}})
+        return True
+
+    def _remeasure(self, trial: FrozenTrial, engine: dict[str, Any]) -> J.Result:
+        """Time the trial's stored artifact again, paired with the baseline engine, in a fresh child."""
+        from tuner.worker.loop import make_job
+
+        sha = trial.user_attrs.get("artifact_sha256")
+        record = self.results.artifact(sha) if sha else None
+        run_dir = self.ctx.work_dir / "race" / f"{trial.number:05d}-{time.time_ns()}"
+        job = make_job(self.ctx, dict(trial.params), run_dir / "out", baseline=engine)
+        job.backend = WRAPPER
+        try:
+            return run_isolated(job, run_dir, self.handle, reuse_env(self.ctx.spec.backend.name, Path(record.path) if record else None, sha))
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    def _record(self, number: int, result: J.Result | None, baseline_value: float | None) -> bool:
+        """Keep the re-measurement, pool every paired cycle of the trial, update its racing entry, release the claim."""
+        from tuner.worker.loop import measurement_stats
+
+        ok = result is not None and result.status == J.OK and bool(result.paired.get("paired"))
+        for attempt in db_retry():
+            with attempt:
+                if ok and result is not None:
+                    self.results.add_measurement(self.ctx.spec.study, number, f"race-{self.name}", KIND,
+                                                 {**(result.latency or {}), **measurement_stats(result)}, result.samples_ms, result.timing_info)
+                cycles = [d for m in self.results.measurements(self.ctx.spec.study) if m.trial_number == number and m.kind in ("trial", KIND)
+                          for d in (m.stats.get("paired") or {}).get("log_ratios", [])]
+                with study_lock(self.ctx.url, self.ctx.spec.study):
+                    entry = self._update(number, None)
+                    change: dict[str, Any] = {"claim": None}
+                    if ok:
+                        remeasured = int(entry.get("remeasured", 0)) + 1
+                        change.update(racing.refined_attrs(racing.refine(cycles, racing.CONFIDENCE), remeasured, baseline_value))
+                    else:
+                        change.update(remeasured=racing.REMEASURE_MAX, race_failure=f"{result.status}: {result.message}"[:300] if result else "not run")
+                    self._update(number, change)
+        if ok:
+            log.info("trial %d re-measured: %s", number, change)
+        return ok

@@ -1,0 +1,155 @@
+"""The timing phase of a trial's child: paired against the study's baseline engine, exclusive on its device.
+
+1. **The baseline engine.** The job names the baseline trial's stored artifact (`job.baseline`), or,
+   when the baseline trial had not finished as this trial started, a gate to wait on
+   (`job.baseline_gate`, a `BaselineGate`). The worker evaluating the baseline trial holds that gate
+   exclusive from the moment it reserved the trial (under the study lock, so before any later
+   trial exists) until it has told the result and published `baseline.json`; a waiting child takes
+   the gate shared and so wakes exactly then. Without a published record (the baseline failed, its
+   worker died, or it runs on another host) the trial is measured unpaired: `paired` False and
+   `unpaired` says why. The baseline is loaded by the trial's own backend from its stored artifact,
+   holding the host lock shared like a build. Inductor recompiles it from its on-disk cache:
+   `baseline_load_s` records what that costs per trial.
+2. **The timing.** The device lock is taken exclusive (`tuner.measure.exclusive`); the load average
+   is read before and after, and on a GPU the SM/memory clocks before and after every attempt; then
+   `tuner.measure.paired.measure_paired` runs with the job's policy, unset fields taking the
+   device's defaults (`CPU_DEFAULTS`, `GPU_DEFAULTS`; the GPU's are close to trtexec's: at least
+   200 ms warm-up and 3 s of measurement). The baseline trial itself is measured alone.
+3. **The result.** `samples_ms`/`latency` are the candidate's per-call samples as before;
+   `Result.paired` holds the summary (`tuner.measure.paired.PairedResult.summary`) plus
+   `baseline_latency` (the baseline's statistics in this trial), `log_ratios` (one per ABBA cycle,
+   for pooling re-measurements) and `running` ([cycle, estimate, low, high]); `timing_info` gets
+   `exclusive`, `device`, `lock_wait_s`, `loadavg_before`/`after` and `clocks_before`/`after`.
+   A measurement stopped as `slow` ends the trial with status `slow` (no full accuracy check).
+
+Runners whose latencies are replayed (`Runner.simulated`) keep the plain unpaired timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
+from typing import Any
+
+from tuner import job as J
+from tuner.backends.base import Artifact, Backend, BuildContext, Feed, Runner
+from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
+from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
+from tuner.measure.timing import TimingPolicy, measure, summarize
+
+GPU_CLOCKS = ("cuda-event", "cuda-events")
+CPU_DEFAULTS = {"min_duration_s": 0.5, "timing_cap_s": 10.0, "block_s": 0.05}
+GPU_DEFAULTS = {"min_duration_s": 3.0, "timing_cap_s": 20.0, "block_s": 0.05}
+MIN_BLOCK_CALLS = 3  # a block's median of at least 3 calls: one disturbed call does not move it
+
+
+class BaselineGate:
+    """Where the study's baseline engine is announced to trials that reached timing before it existed."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.directory = Path(work_dir) / "locks"
+        self.lock = DeviceLock("baseline", self.directory)
+        self.record = self.directory / "baseline.json"
+
+    def close_for_baseline(self) -> AbstractContextManager[Any]:
+        """Held by the worker evaluating the baseline trial; forgets any earlier record first."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.record.unlink(missing_ok=True)
+        return self.lock.exclusive()
+
+    def publish(self, baseline: dict[str, Any]) -> None:
+        """Announce the baseline's stored artifact (while the gate is still held)."""
+        tmp = self.record.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(baseline))
+        tmp.replace(self.record)
+
+    def wait(self) -> dict[str, Any] | None:
+        """Block until no worker holds the gate; the published baseline, or None."""
+        with self.lock.shared():
+            try:
+                return json.loads(self.record.read_text())
+            except (OSError, ValueError):
+                return None
+
+
+def policy_for(job: J.Job, gpu: bool) -> PairedPolicy:
+    """The job's paired-timing policy, unset fields from the device's defaults."""
+    defaults = GPU_DEFAULTS if gpu else CPU_DEFAULTS
+
+    def pick(key: str) -> float:
+        value = getattr(job, key)
+        return float(defaults[key] if value is None else value)
+
+    return PairedPolicy(statistic=job.statistic, mode=job.mode, target=job.target_halfwidth, min_duration_s=pick("min_duration_s"),
+                        min_calls=job.min_repeats, cap_s=pick("timing_cap_s"), block_s=pick("block_s"), warmup_min_s=job.warmup_s,
+                        min_block_calls=1 if job.mode == PIPELINED else MIN_BLOCK_CALLS)
+
+
+def block_fn(runner: Runner, feed: Feed, mode: str) -> BlockFn:
+    """Blocks of `n` calls: per-call latencies in ms, or (pipelined) one mean per call of `n` back-to-back calls."""
+    if mode == PIPELINED:
+        many = runner.timed_batch(feed)
+        return lambda n: [many(n) * 1000.0 / n]
+    once = runner.timed(feed)
+    return lambda n: [once() * 1000.0 for _ in range(n)]
+
+
+def _clocks(runner: Runner) -> dict[str, Any]:
+    return {k: v for k, v in runner.timing_info().items() if k in CLOCK_KEYS}
+
+
+def _baseline(job: J.Job, backend: Backend, ctx: BuildContext, stack: ExitStack, info: dict[str, Any]) -> Runner | None:
+    """The baseline engine loaded for pairing (owned by `stack`), or None with `info["unpaired"]` saying why."""
+    if job.role == "baseline":
+        info["unpaired"] = "this is the baseline trial (its speedup is 1 by definition)"
+        return None
+    base = job.baseline
+    if base is None and job.baseline_gate:
+        t0 = time.perf_counter()
+        base = BaselineGate(Path(job.baseline_gate)).wait()
+        info["baseline_wait_s"] = round(time.perf_counter() - t0, 4)
+    if base is None or not Path(str(base.get("path"))).is_file():
+        info["unpaired"] = ("the baseline trial has no stored artifact on this host" if job.baseline or job.baseline_gate
+                            else "no baseline engine to pair with (timed alone)")
+        return None
+    t0 = time.perf_counter()
+    with DeviceLock(HOST).shared():
+        runner = stack.enter_context(backend.load(Artifact(Path(base["path"]), 0.0), dict(base["route"]), ctx))
+    info.update(baseline_trial=base.get("trial"), baseline_load_s=round(time.perf_counter() - t0, 4))
+    return runner
+
+
+def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, feed: Feed, res: J.Result) -> None:
+    """Time `runner` (paired with the baseline where there is one) and record it all in `res`."""
+    if runner.simulated:
+        samples = measure(runner.timed(feed), TimingPolicy(job.warmup_s, job.min_repeats, job.min_duration_s or 0.0))
+        res.samples_ms, res.latency, res.timing_info = samples, summarize(samples).to_dict(), runner.timing_info()
+        return
+    info: dict[str, Any] = {"role": job.role}
+    with ExitStack() as stack:
+        baseline = _baseline(job, backend, ctx, stack, info)
+        gpu = runner.timing_info().get("clock") in GPU_CLOCKS
+        policy = policy_for(job, gpu)
+        clocks: Callable[[], dict[str, Any]] | None = (lambda: _clocks(runner)) if gpu else None
+        candidate_fn = block_fn(runner, feed, job.mode)
+        baseline_fn = block_fn(baseline, feed, job.mode) if baseline is not None else None
+        before = machine_state()
+        with DeviceLock(device_key(gpu)).exclusive() as hold:
+            result = measure_paired(candidate_fn, baseline_fn, policy, incumbent=job.incumbent, clocks=clocks)
+        after = machine_state()
+        res.timing_info = runner.timing_info()
+    res.samples_ms = result.candidate_samples
+    res.latency = summarize(result.candidate_samples).to_dict()
+    res.timing_info.update(hold.to_dict(), loadavg_before=before["loadavg"], loadavg_after=after["loadavg"], mode=job.mode,
+                           **({"clocks_before": result.clocks[0], "clocks_after": result.clocks[-1]} if result.clocks else {}))
+    res.paired = {**result.summary(), **info, "log_ratios": [round(d, 6) for d in result.log_ratios], "running": result.running}
+    if baseline_fn is not None:
+        res.paired["baseline_latency"] = summarize(result.baseline_samples).to_dict()
+    if result.stop == SLOW and result.speedup is not None:
+        res.status = J.SLOW
+        res.message = (f"slower than the incumbent ({job.incumbent:.3f}x): paired speedup {result.speedup.estimate:.3f}x "
+                       f"[{result.speedup.low:.3f}-{result.speedup.high:.3f}] after {result.cycles} cycles")
