@@ -98,6 +98,8 @@ def user_attrs(result: J.Result, metric: str, tolerance: float, extra: dict[str,
         attrs.update(paired_attrs(result))
     if result.accuracy_per_output:
         attrs["accuracy_per_output"] = {k: _finite(v) for k, v in list(result.accuracy_per_output.items())[:20]}
+    if result.phase_s:
+        attrs["phase_s"] = {k: round(float(v), 4) for k, v in result.phase_s.items()}
     for key in ("build_s", "artifact_sha256", "artifact_bytes"):
         value = getattr(result, key)
         if value is not None:
