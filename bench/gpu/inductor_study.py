@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -276,7 +277,7 @@ def side_by_side(spec_path: Path, storage: str, rounds: int) -> dict[str, Any]:
     finally:
         del os.environ["TORCHINDUCTOR_CACHE_DIR"]  # later studies' workers start cold, as this one's did
     o = ctx.spec.objective
-    policy = TimingPolicy(o.warmup_s, o.min_repeats, o.min_duration_s)
+    policy = TimingPolicy(o.warmup_s, o.min_repeats, 0.5 if o.min_duration_s is None else o.min_duration_s)
     per_round: dict[str, list[dict[str, float]]] = {label: [] for label in routes}
     for i in range(rounds):
         order = list(routes) if i % 2 == 0 else list(reversed(routes))
@@ -294,9 +295,34 @@ def side_by_side(spec_path: Path, storage: str, rounds: int) -> dict[str, Any]:
         }
     ratios = [d["median"] / w["median"] for d, w in zip(per_round["default"], per_round["winner"])]
     out["speedup"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    out["paired"] = paired_in_process(runners["winner"][0], runners["default"][0], feeds[0], ctx.spec.objective)
     for runner, _ in runners.values():
         runner.close()
     return out
+
+
+def paired_in_process(winner: Any, default: Any, feed: Any, objective: Any) -> dict[str, Any]:
+    """The same two engines measured the way a trial now is: ABBA blocks, adaptive stop (tuner.measure.paired).
+
+    Besides the speedup and its interval: how much each engine's block level moved during it (the
+    drift the absolute numbers carry) against the spread of the per-cycle ratios (what pairing leaves).
+    """
+    from tuner import job as J
+    from tuner.measure.paired import measure_paired
+    from tuner.worker.timing import block_fn, policy_for
+
+    job = J.Job(backend="", route={}, model_path="", input_shapes={}, options={}, work_dir="", out_dir="", feeds_path="", reference_path="",
+                metric="", tolerance=0.0, atol=0.0, rtol=0.0, gate_samples=0, warmup_s=objective.warmup_s, min_repeats=objective.min_repeats,
+                min_duration_s=objective.min_duration_s, timeout_s=0.0, statistic=objective.statistic, mode=objective.mode,
+                target_halfwidth=objective.target_halfwidth, timing_cap_s=objective.timing_cap_s, block_s=objective.block_s)
+    r = measure_paired(block_fn(winner, feed, job.mode), block_fn(default, feed, job.mode), policy_for(job, gpu=True))
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {"min": min(values), "max": max(values), "cv": statistics.pstdev(values) / statistics.fmean(values)}
+
+    cycle_ratios = [math.exp(d) for d in r.log_ratios]
+    return {**r.summary(), "cycle_speedup": spread(cycle_ratios), "default_block_ms": spread(r.baseline_blocks),
+            "winner_block_ms": spread(r.candidate_blocks)}
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ _SECTIONS: dict[str, set[str]] = {
     "accuracy": {"metric", "tolerance", "atol", "rtol"},
     "objective": {"statistic", "warmup_s", "min_repeats", "min_duration_s", "mode", "target_halfwidth", "timing_cap_s", "block_s"},
     "backend": {"name", "space", "options"},
-    "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials"},
+    "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials", "racing"},
 }
 
 
@@ -241,6 +241,7 @@ def _run(r: _Reader) -> RunSpec:
         sampler=sampler,
         seed=r.get(t, "run", "seed", int, 0),
         startup_trials=r.count(t, "run", "startup_trials", 8, minimum=0),
+        racing=r.get(t, "run", "racing", bool, True),
     )
 
 

@@ -77,6 +77,7 @@ class RunSpec:
     sampler: str = "tpe"
     seed: int = 0
     startup_trials: int = 8
+    racing: bool = True  # re-measure close leaders during the study (tuner.worker.race)
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ class Worker:
                 continue
             self.evaluate_and_tell(trial, started)
             done += 1
-            if not self.stop.event.is_set():
+            if self.spec.run.racing and not self.stop.event.is_set():
                 self.racer.race()  # re-measure close leaders before spending more budget
         return done
 
