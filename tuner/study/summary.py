@@ -8,6 +8,7 @@ from datetime import datetime
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner import job as J
 from tuner.study.outcome import FAILURES, GATE, UNCOUNTED, is_feasible
 
 
@@ -86,7 +87,7 @@ def summarize_study(study: optuna.Study) -> Summary:
         study=study.study_name, budget=study.user_attrs.get("budget"), complete=len(complete), pruned=gate,
         failed=failed, running=sum(1 for t in trials if t.state == TrialState.RUNNING),
         waiting=sum(1 for t in trials if t.state == TrialState.WAITING), feasible=len(feasible),
-        infeasible=len(complete) - len(feasible) + gate,
+        infeasible=len(complete) - len(feasible) + gate - classes.get(J.SLOW, 0),  # slow routes are not infeasible
         requeued=sum(1 for t in trials if t.state == TrialState.FAIL and failure_class(t) in UNCOUNTED),
         cache_hits=sum(1 for t in trials if t.user_attrs.get("cache_hit")),
         best=min(feasible, key=lambda t: (t.value, t.number)) if feasible else None,
