@@ -40,3 +40,51 @@ def conv_model(path: Path, size: int = 16, seed: int = 0) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def vad_model(path: Path, seed: int = 0) -> Path:
+    """A stateful audio-style model shaped like Silero VAD's interface.
+
+    Inputs: `input` float32 [B, 512], `state` float32 [2, B, 128] (batch on axis 1), `sr` int64 scalar.
+    Outputs: `output` [B, 1] and `stateN` [2, B, 128]. `sr` selects a branch (an If node): 16000
+    takes the model's own path; any other rate negates the projection, so a study fed the wrong `sr`
+    tunes a branch the model never takes in use.
+    """
+    rng = np.random.default_rng(seed)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.05, (512, 128)).astype(np.float32), "w_in"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (128, 1)).astype(np.float32), "w_out"),
+        numpy_helper.from_array(np.array(16000, np.int64), "rate"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+    ]
+    h = helper.make_tensor_value_info("h", TensorProto.FLOAT, ["B", 128])
+    then = helper.make_graph([helper.make_node("Identity", ["proj"], ["h"])], "then", [], [h])
+    other = helper.make_graph([helper.make_node("Neg", ["proj"], ["h_else"])], "else", [],
+                              [helper.make_tensor_value_info("h_else", TensorProto.FLOAT, ["B", 128])])
+    nodes = [
+        helper.make_node("MatMul", ["input", "w_in"], ["proj"]),
+        helper.make_node("Equal", ["sr", "rate"], ["is16k"]),
+        helper.make_node("If", ["is16k"], ["hb"], then_branch=then, else_branch=other),
+        helper.make_node("Unsqueeze", ["hb", "axis0"], ["hu"]),
+        helper.make_node("Mul", ["state", "half"], ["decay"]),
+        helper.make_node("Add", ["decay", "hu"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["stateN"]),
+        helper.make_node("ReduceMean", ["stateN"], ["mean"], axes=[0], keepdims=0),
+        helper.make_node("MatMul", ["mean", "w_out"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], ["output"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "vad",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["B", 512]),
+         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "B", 128]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["B", 1]),
+         helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "B", 128])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path

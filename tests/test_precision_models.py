@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.models import vad_model
 from tuner.precision import BLOCK_LISTS, VariantOptions, make_variant
 from tuner.precision.graph import problems, repair
 
@@ -30,7 +31,8 @@ VARIANTS = (
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[dict[str, np.ndarray]]]]:
-    """EfficientNet-Lite0, the Inductor study's encoder and the TensorRT bench's encoder, with 2 feeds each."""
+    """EfficientNet-Lite0, the Inductor study's encoder, the TensorRT bench's encoder and the VAD-shaped
+    model (an If whose branches read an outer value: fp16 casts it in both), with 2 feeds each."""
     from bench.gpu import encoder
     from bench.gpu.trt_rtx_builds import transformer_onnx
 
@@ -43,6 +45,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, li
                          [{"images": rng.uniform(-1, 1, (1, 3, 224, 224)).astype(np.float32)} for _ in range(2)]),
         "encoder": (enc, [{"input_ids": rng.integers(0, encoder.VOCAB, (encoder.BATCH, encoder.SEQ))} for _ in range(2)]),
         "encoder2": (enc2, [{"x": rng.standard_normal(shapes["x"]).astype(np.float32)} for _ in range(2)]),
+        "vad": (vad_model(tmp / "vad.onnx"), [{"input": rng.uniform(-0.5, 0.5, (1, 512)).astype(np.float32), "state": np.zeros((2, 1, 128), np.float32),
+                                               "sr": np.array(16000, np.int64)} for _ in range(2)]),
     }
 
 
@@ -70,7 +74,7 @@ def _scale_faults(model: onnx.ModelProto) -> list[str]:
             and n.input[1] in inits and not np.all(inits[n.input[1]].astype(np.float64) > 0)]
 
 
-@pytest.mark.parametrize("name", ["efficientnet", "encoder", "encoder2"])
+@pytest.mark.parametrize("name", ["efficientnet", "encoder", "encoder2", "vad"])
 @pytest.mark.parametrize("options", VARIANTS, ids=lambda o: f"{o.precision}-{o.keep_fp32}-{'trt' if o.tensorrt_qdq else 'ort'}")
 def test_every_variant_is_checked_sorted_and_runs(name: str, options: VariantOptions, models: dict, tmp_path_factory: pytest.TempPathFactory) -> None:
     source, feeds = models[name]

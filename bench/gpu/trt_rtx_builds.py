@@ -6,8 +6,9 @@ Run on the GPU machine after the TensorRT-RTX payload is unpacked (see docs/tens
         python3 bench/gpu/trt_rtx_builds.py --out bench/results/trt-rtx-builds.json
 
 Needs only numpy, onnx, onnxruntime, torch, cuda-python, the RTX bindings and this repository (the
-imports below pull no optuna/sqlalchemy). For each model (the bundled EfficientNet-Lite0 and a small
-transformer encoder exported here with torch.onnx.export) and each route of a spread over the space,
+imports below pull no optuna/sqlalchemy). For each model (the bundled EfficientNet-Lite0, a small
+transformer encoder exported here with torch.onnx.export, and the tests' Silero-VAD-shaped model with
+a scalar int64 `sr` and a state batched on axis 1) and each route of a spread over the space,
 it runs `tuner.worker.isolate.run_isolated` on a Job, exactly as a worker would, and records build
 success, build time, engine size and the failure class (`runtime-unsupported` where TensorRT-RTX
 refuses to run the engine on this GPU). It also checks, on the real module, every TensorRT name the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +41,10 @@ from tuner.measure.reference import compute_reference  # noqa: E402
 from tuner.space import SearchSpace  # noqa: E402
 from tuner import job as J  # noqa: E402
 from tuner.worker.isolate import run_isolated  # noqa: E402
+from tests.models import vad_model  # noqa: E402
+
+VAD_SHAPES = {"input": (1, 512), "state": (2, 1, 128), "sr": ()}
+VAD_CONSTANTS = {"sr": np.array(16000, np.int64), "state": np.zeros((2, 1, 128), np.float32)}  # as a study's [data.inputs]
 
 # Deviations from the default route; each is one build per model.
 SPREAD: list[dict[str, Any]] = [
@@ -48,6 +54,10 @@ SPREAD: list[dict[str, Any]] = [
     {"max_num_tactics": 16}, {"max_aux_streams": 0}, {"workspace_log2": 28}, {"tf32": False},
     {"tactic_edge_mask": False, "tactic_jit": False}, {"avg_timing_iterations": 1}, {"sparse_weights": True},
 ]
+
+
+# The VAD-shaped model only checks that scalar and non-first-batch inputs build: the default and fp16.
+VAD_SPREAD: list[dict[str, Any]] = [{}, {"precision": "fp16"}]
 
 
 def route_for(space: SearchSpace, changes: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +130,16 @@ def check_cuda() -> dict[str, Any]:
         timer.close()
 
 
+def machine_state() -> dict[str, Any]:
+    """Load and the versions the variants depend on (ONNX Runtime's converters make them)."""
+    import onnx
+    import onnxruntime
+    import torch
+
+    return {"loadavg": os.getloadavg(), "cpus": os.cpu_count(), "python": sys.version.split()[0], "onnxruntime": onnxruntime.__version__,
+            "onnx": onnx.__version__, "torch": torch.__version__}
+
+
 def main(argv: list[str]) -> int:
     """Build the spread for both models and write the JSON report."""
     ap = argparse.ArgumentParser()
@@ -129,23 +149,24 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     api = load_trt()
-    report: dict[str, Any] = {"trt": api.label, "gpu": gpu_fingerprint(), "names": check_names()}
+    report: dict[str, Any] = {"trt": api.label, "gpu": gpu_fingerprint(), "machine": machine_state(), "names": check_names()}
     report["probe"] = {k: v for k, v in probe(runtime=True).items() if k != "all_build_routes"}
     report["probe"]["all_build_routes_chars"] = len(probe()["all_build_routes"])
     report["cuda_plumbing"] = check_cuda()
     report["builds"] = []
     args.work.mkdir(parents=True, exist_ok=True)
-    models = [(REPO / "models" / "efficientnet_lite0.onnx", {"images": (1, 3, 224, 224)})]
-    models.append(transformer_onnx(args.work / "encoder2.onnx"))
+    models = [(REPO / "models" / "efficientnet_lite0.onnx", {"images": (1, 3, 224, 224)}, SPREAD, {})]
+    models.append((*transformer_onnx(args.work / "encoder2.onnx"), SPREAD, {}))
+    models.append((vad_model(args.work / "vad.onnx"), VAD_SHAPES, VAD_SPREAD, VAD_CONSTANTS))
     rng = np.random.default_rng(0)
-    for model, shapes in models:
+    for model, shapes, spread, constants in models:
         work = args.work / model.stem
         work.mkdir(parents=True, exist_ok=True)
-        feeds = [{k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()} for _ in range(2)]
+        feeds = [{k: constants[k] if k in constants else rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()} for _ in range(2)]
         save_feeds(work / "feeds.npz", feeds)
         save_feeds(work / "reference.npz", compute_reference(model, feeds))
         space = trt_space(api.features, ModelInfo(model, shapes), knob_database(api))
-        for i, changes in enumerate(SPREAD):
+        for i, changes in enumerate(spread):
             if time.monotonic() - t_start > args.budget_s:
                 report["builds"].append({"model": model.name, "route_changes": changes, "status": "skipped (bench time budget)"})
                 continue

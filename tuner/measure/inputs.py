@@ -28,49 +28,79 @@ def _open(path: Path) -> dict[str, np.ndarray]:
         raise TunerError(f"{path.name} is not a readable .npz file of arrays ({type(exc).__name__})") from exc
 
 
-def check_data_file(path: Path, model: ModelSpec, samples: int) -> None:
-    """Raise TunerError unless `path` holds, for every model input, [N, *shape[1:]] arrays with N >= needed."""
+def check_data_file(path: Path, model: ModelSpec, samples: int, constants: frozenset[str] = frozenset()) -> None:
+    """Raise TunerError unless `path` holds an array for every model input not in `constants`, shaped
+    like the input with at least `samples` batches along its batch axis; a scalar input takes a 1-D
+    array (one value per sample) or a 0-D array (one value for all)."""
     arrays = _open(path)
     for name, shape in model.inputs.items():
+        if name in constants:
+            continue
         if name not in arrays:
             raise TunerError(f"{path.name} has no array {name!r} (it has {', '.join(arrays) or 'none'})")
         a = arrays[name]
-        need = samples * shape[0]
-        if a.ndim != len(shape) or tuple(a.shape[1:]) != tuple(shape[1:]):
-            raise TunerError(f"array {name!r} has shape {list(a.shape)}; expected [N, {', '.join(map(str, shape[1:]))}] (samples first)")
-        if a.shape[0] < need:
-            raise TunerError(f"array {name!r} has {a.shape[0]} samples; data.samples={samples} at batch {shape[0]} needs {need}")
+        axis = model.batch_axis(name)
+        if axis is None:
+            if a.ndim > 1:
+                raise TunerError(f"array {name!r} has shape {list(a.shape)}; the input is a scalar: give a 1-D array (one value per sample) or a 0-D array (one value for all)")
+            if a.ndim == 1 and a.shape[0] < samples:
+                raise TunerError(f"array {name!r} has {a.shape[0]} values; data.samples={samples} needs one per sample (or a 0-D array for all)")
+        else:
+            expected = [str(d) for d in shape]
+            expected[axis] = "N"
+            if a.ndim != len(shape) or any(a.shape[k] != d for k, d in enumerate(shape) if k != axis):
+                raise TunerError(f"array {name!r} has shape {list(a.shape)}; expected [{', '.join(expected)}] (samples along axis {axis})")
+            need = samples * shape[axis]
+            if a.shape[axis] < need:
+                raise TunerError(f"array {name!r} has {a.shape[axis]} samples along axis {axis}; data.samples={samples} at batch {shape[axis]} needs {need}")
         if np.dtype(a.dtype) != np.dtype(model.dtypes[name]):
             raise TunerError(f"array {name!r} is {a.dtype}; the model's input is {model.dtypes[name]}")
 
 
 def load_feeds(spec: Spec) -> list[Feed]:
-    """The study's validation feeds: `data.samples` feeds, each one batch of the model's input shapes."""
+    """The study's validation feeds: `data.samples` feeds, each one batch of the model's input shapes.
+
+    Per input: the study file's constant, else the data file's batch i along the input's batch axis,
+    else values from the seeded generator (the input's own range, else data.low/data.high).
+    """
+    from tuner.spec.model import InputData
+
     model, data = spec.model, spec.data
-    if data.file is not None:
-        arrays = _open(data.file)
-        feeds = []
-        for i in range(data.samples):
-            feed = {}
-            for name, shape in model.inputs.items():
-                b = shape[0]
-                feed[name] = np.ascontiguousarray(arrays[name][i * b : (i + 1) * b])
-            feeds.append(feed)
-        return feeds
+    arrays = _open(data.file) if data.file is not None else {}
     rng = np.random.default_rng(data.seed)
     feeds = []
-    for _ in range(data.samples):
+    for i in range(data.samples):
         feed = {}
         for name, shape in model.inputs.items():
             dtype = np.dtype(model.dtypes[name])
-            if np.issubdtype(dtype, np.floating):
-                feed[name] = rng.uniform(data.low, data.high, size=shape).astype(dtype)
-            elif dtype == np.bool_:
-                feed[name] = rng.integers(0, 2, size=shape).astype(dtype)
+            given = data.inputs.get(name, InputData())
+            if given.value is not None:
+                feed[name] = np.full(shape, given.value, dtype=dtype)
+            elif data.file is not None:
+                feed[name] = _batch(arrays[name], model.batch_axis(name), shape, i)
             else:
-                feed[name] = rng.integers(int(data.low), max(int(data.high), int(data.low) + 1), size=shape).astype(dtype)
+                low = data.low if given.low is None else given.low
+                high = data.high if given.high is None else given.high
+                feed[name] = _generate(rng, dtype, shape, low, high)
         feeds.append(feed)
     return feeds
+
+
+def _batch(array: np.ndarray, axis: int | None, shape: tuple[int, ...], i: int) -> np.ndarray:
+    """Sample i of a data-file array: batch i along `axis`, or a scalar's i-th (or only) value."""
+    if axis is None:  # (np.ascontiguousarray would make a 0-D array 1-D)
+        return np.array(array if array.ndim == 0 else array[i])
+    b = shape[axis]
+    return np.ascontiguousarray(np.take(array, range(i * b, (i + 1) * b), axis=axis))
+
+
+def _generate(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], low: float, high: float) -> np.ndarray:
+    """Seeded values of `dtype`: uniform in [low, high) for floats, integers in [low, high), bools."""
+    if np.issubdtype(dtype, np.floating):
+        return np.asarray(rng.uniform(low, high, size=shape)).astype(dtype)
+    if dtype == np.bool_:
+        return np.asarray(rng.integers(0, 2, size=shape)).astype(dtype)
+    return np.asarray(rng.integers(int(low), max(int(high), int(low) + 1), size=shape)).astype(dtype)
 
 
 def feeds_hash(feeds: list[Feed]) -> str:

@@ -23,6 +23,7 @@ def repair(model: Any) -> Any:
     graph = model.graph
     _dedupe(graph)
     _drop_degenerate_qdq(graph)
+    _unique_subgraph_names(graph, _defined(graph))
     topological_sort(graph)
     return model
 
@@ -30,7 +31,8 @@ def repair(model: Any) -> Any:
 def problems(model: Any) -> list[str]:
     """What would make a strict parser refuse `model`: SSA violations, order, non-positive Q/DQ scales."""
     graph = model.graph
-    out: list[str] = []
+    out: list[str] = [f"subgraph of node {n.name or n.op_type!r}: {name!r} is already defined outside it"
+                      for n, name in _subgraph_clashes(graph, _defined(graph))]
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     produced: set[str] = set()
     for node in graph.node:
@@ -89,6 +91,53 @@ def _needs(node: Any) -> Iterator[str]:
         local = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
         for inner in graph.node:
             yield from (x for x in _needs(inner) if x not in local)
+
+
+def _defined(graph: Any) -> set[str]:
+    """Names `graph` itself defines: inputs, initializers, node outputs."""
+    return {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output if o}
+
+
+def _subgraph_clashes(graph: Any, taken: set[str]) -> Iterator[tuple[Any, str]]:
+    """(node, name) for each name a subgraph defines that is already defined elsewhere in the model."""
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            for name in sorted(_defined(sub)):
+                if name in taken:
+                    yield node, name
+                taken.add(name)
+            yield from _subgraph_clashes(sub, taken)
+
+
+def _unique_subgraph_names(graph: Any, taken: set[str]) -> None:
+    """Rename, inside each subgraph, names it defines that clash with names defined elsewhere (the fp16
+    converter inserts the same Cast of an outer value into both branches of an If)."""
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            renames: dict[str, str] = {}
+            for name in sorted(_defined(sub)):
+                if name in taken:
+                    k = 1
+                    while f"{name}__{k}" in taken:
+                        k += 1
+                    renames[name] = f"{name}__{k}"
+                taken.add(renames.get(name, name))
+            if renames:
+                _rename(sub, renames)
+            _unique_subgraph_names(sub, taken)
+
+
+def _rename(graph: Any, renames: dict[str, str]) -> None:
+    """Apply `renames` to every use and definition in `graph` and the subgraphs inside it."""
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info) + list(graph.initializer):
+        vi.name = renames.get(vi.name, vi.name)
+    for node in graph.node:
+        for k, x in enumerate(node.input):
+            node.input[k] = renames.get(x, x)
+        for k, x in enumerate(node.output):
+            node.output[k] = renames.get(x, x)
+        for sub in _subgraphs(node):
+            _rename(sub, renames)
 
 
 def _subgraphs(node: Any) -> Iterable[Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpecError, TunerError
-from tuner.spec.model import AccuracySpec, BackendSpec, DataSpec, ModelSpec, ObjectiveSpec, RunSpec, Spec
+from tuner.spec.model import AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
 from tuner.store.urls import normalize_url
 
 STORAGE_ENV = "TUNER_STORAGE"
@@ -23,7 +23,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _SECTIONS: dict[str, set[str]] = {
     "study": {"name", "storage", "work_dir"},
     "model": {"path", "inputs"},
-    "data": {"file", "seed", "samples", "gate_samples", "low", "high"},
+    "data": {"file", "seed", "samples", "gate_samples", "low", "high", "inputs"},
     "accuracy": {"metric", "tolerance", "atol", "rtol"},
     "objective": {"statistic", "warmup_s", "min_repeats", "min_duration_s", "mode", "target_halfwidth", "timing_cap_s", "block_s"},
     "backend": {"name", "space", "options"},
@@ -128,30 +128,50 @@ def _model(r: _Reader, base: Path) -> ModelSpec:
     path = base / r.get(t, "model", "path", str)
     graph_inputs = read_inputs(r, path)
     declared = r.get(t, "model", "inputs", dict, {})
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, (_dtype, dims) in graph_inputs.items():
-        entry = declared.get(name)
-        field = f"model.inputs.{name}"
-        if entry is None:
-            if any(d is None for d in dims):
-                raise r.fail(field, f"the model's input has dynamic dimensions {_dims(dims)}; give its shape, e.g. {{ shape = [1, ...] }}")
-            shapes[name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
-            continue
-        if not isinstance(entry, dict) or set(entry) - {"shape"} or "shape" not in entry:
-            raise r.fail(field, "expected a table { shape = [ ... ] }")
-        shape = entry["shape"]
-        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-            raise r.fail(f"{field}.shape", "expected a list of positive integers")
-        if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
-            raise r.fail(f"{field}.shape", f"{shape} does not match the model's input {_dims(dims)}")
-        shapes[name] = tuple(shape)
     extra = sorted(set(declared) - set(graph_inputs))
     if extra:
         raise r.fail(f"model.inputs.{extra[0]}", f"the model has no such input; its inputs are {', '.join(graph_inputs)}")
-    return ModelSpec(path, shapes, {n: dt for n, (dt, _) in graph_inputs.items()})
+    shapes: dict[str, tuple[int, ...]] = {}
+    axes: dict[str, int | None] = {}
+    for name, (_dtype, dims) in graph_inputs.items():
+        field = f"model.inputs.{name}"
+        entry = declared.get(name, {})
+        if not isinstance(entry, dict) or set(entry) - {"shape", "batch_axis"}:
+            raise r.fail(field, "expected a table { shape = [ ... ], batch_axis = N } (shape [] for a scalar)")
+        if "shape" in entry:
+            shapes[name] = _shape(r, f"{field}.shape", entry["shape"], dims)
+        elif dims is None or any(d is None for d in dims):
+            raise r.fail(field, f"the model's input has dynamic dimensions {_dims(dims)}; give its shape, e.g. {{ shape = [1, ...] }}")
+        else:
+            shapes[name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
+        axes[name] = _batch_axis(r, f"{field}.batch_axis", entry, shapes[name])
+    return ModelSpec(path, shapes, {n: dt for n, (dt, _) in graph_inputs.items()}, axes)
 
 
-def _dims(dims: list[int | None]) -> str:
+def _shape(r: _Reader, field: str, shape: Any, dims: list[int | None] | None) -> tuple[int, ...]:
+    """A declared input shape: positive integers ([] for a scalar) that fit the model's dimensions."""
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        raise r.fail(field, "expected a list of positive integers ([] for a scalar)")
+    if dims is not None and (len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape))):
+        raise r.fail(field, f"{shape} does not match the model's input {_dims(dims)}")
+    return tuple(shape)
+
+
+def _batch_axis(r: _Reader, field: str, entry: dict[str, Any], shape: tuple[int, ...]) -> int | None:
+    """The declared batch axis (default 0); a scalar has none."""
+    if "batch_axis" not in entry:
+        return 0 if shape else None
+    axis = entry["batch_axis"]
+    if not shape:
+        raise r.fail(field, "a scalar input (shape []) has no batch axis")
+    if not isinstance(axis, int) or isinstance(axis, bool) or not 0 <= axis < len(shape):
+        raise r.fail(field, f"expected an integer axis from 0 to {len(shape) - 1} of shape {list(shape)}, got {axis!r}")
+    return axis
+
+
+def _dims(dims: list[int | None] | None) -> str:
+    if dims is None:
+        return "(rank unknown)"
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
@@ -165,15 +185,69 @@ def _data(r: _Reader, base: Path, model: ModelSpec) -> DataSpec:
     high = r.get(t, "data", "high", (int, float), 1.0)
     if high <= low:
         raise r.fail("data.high", f"expected a value above data.low ({low})")
-    spec = DataSpec(path, r.get(t, "data", "seed", int, 0), samples, gate, float(low), float(high))
+    per_input = _input_data(r, r.get(t, "data", "inputs", dict, {}), model, path is not None, (float(low), float(high)))
+    spec = DataSpec(path, r.get(t, "data", "seed", int, 0), samples, gate, float(low), float(high), per_input)
     if path is not None:
         from tuner.measure.inputs import check_data_file
 
         try:
-            check_data_file(path, model, samples)
+            check_data_file(path, model, samples, constants=frozenset(per_input))
         except TunerError as exc:
             raise r.fail("data.file", str(exc)) from exc
     return spec
+
+
+def _input_data(r: _Reader, tables: dict[str, Any], model: ModelSpec, from_file: bool, default: tuple[float, float]) -> dict[str, InputData]:
+    """`[data.inputs.NAME]`: a constant `value`, or a `low`/`high` range typed like the input (either end
+    defaults to data.low/data.high; integers are drawn from [low, high), so high may be one past the type's max)."""
+    import numpy as np
+
+    out: dict[str, InputData] = {}
+    for name, entry in tables.items():
+        field = f"data.inputs.{name}"
+        if name not in model.inputs:
+            raise r.fail(field, f"the model has no such input; its inputs are {', '.join(model.inputs)}")
+        if not isinstance(entry, dict) or not entry or set(entry) - {"value", "low", "high"}:
+            raise r.fail(field, "expected a table with value = ..., or low = ... and/or high = ...")
+        dtype = np.dtype(model.dtypes[name])
+        if "value" in entry:
+            if len(entry) > 1:
+                raise r.fail(f"{field}.value", "give either value or a low/high range, not both")
+            out[name] = InputData(value=_typed(r, f"{field}.value", entry["value"], dtype))
+            continue
+        if from_file:
+            raise r.fail(f"{field}.{next(iter(entry))}", f"a range applies to generated inputs; with data.file, {name!r} comes from the file (give value = ... to set it here)")
+        if dtype == np.bool_:
+            raise r.fail(f"{field}.{next(iter(entry))}", "a boolean input takes value = true or false, not a range")
+        lo = _typed(r, f"{field}.low", entry["low"], dtype) if "low" in entry else None
+        hi = _typed(r, f"{field}.high", entry["high"], dtype, past_max=True) if "high" in entry else None
+        if (default[1] if hi is None else hi) <= (default[0] if lo is None else lo):
+            end = "high" if "high" in entry else "low"
+            raise r.fail(f"{field}.{end}", f"expected high above low; the range is [{default[0] if lo is None else lo}, {default[1] if hi is None else hi})")
+        out[name] = InputData(low=lo, high=hi)
+    return out
+
+
+def _typed(r: _Reader, field: str, value: Any, dtype: Any, past_max: bool = False) -> float | int | bool:
+    """`value` checked against the input's element type: a boolean, an integer in range (up to one past
+    the type's max with `past_max`, for an exclusive upper end), or a number."""
+    import numpy as np
+
+    if dtype == np.bool_:
+        if not isinstance(value, bool):
+            raise r.fail(field, f"expected true or false (the input is bool), got {value!r}")
+        return value
+    if np.issubdtype(dtype, np.integer):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise r.fail(field, f"expected an integer (the input is {dtype}), got {value!r}")
+        info = np.iinfo(dtype)
+        top = int(info.max) + int(past_max)
+        if not info.min <= value <= top:
+            raise r.fail(field, f"expected an integer from {info.min} to {top} (the input is {dtype}), got {value}")
+        return value
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise r.fail(field, f"expected a number (the input is {dtype}), got {value!r}")
+    return float(value)
 
 
 def _accuracy(r: _Reader) -> AccuracySpec:

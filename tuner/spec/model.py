@@ -9,16 +9,35 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The ONNX model and the shape of each input (batch axis first)."""
+    """The ONNX model: each input's shape (`()` for a scalar), numpy dtype name and batch axis.
+
+    `batch_axes[name]` is the axis along which a data file's samples are laid out (0 unless the study
+    file says otherwise); a scalar input has none (None).
+    """
 
     path: Path
     inputs: dict[str, tuple[int, ...]]
     dtypes: dict[str, str]
+    batch_axes: dict[str, int | None] = field(default_factory=dict)
+
+    def batch_axis(self, name: str) -> int | None:
+        """The batch axis of input `name`: as declared, else 0, and None for a scalar."""
+        return self.batch_axes.get(name, 0 if self.inputs[name] else None)
+
+
+@dataclass(frozen=True)
+class InputData:
+    """What one input holds in every validation feed: a constant `value`, or values drawn from [low, high)."""
+
+    value: float | int | bool | None = None
+    low: float | None = None
+    high: float | None = None
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Validation inputs: an .npz file (arrays keyed by input name, sample axis first) or a seeded generator."""
+    """Validation inputs: an .npz file (arrays keyed by input name, samples along each batch axis) or a
+    seeded generator; `inputs` gives per-input constants or ranges (`[data.inputs.NAME]`)."""
 
     file: Path | None
     seed: int
@@ -26,6 +45,7 @@ class DataSpec:
     gate_samples: int  # feeds checked before timing (the quick accuracy gate)
     low: float = -1.0
     high: float = 1.0
+    inputs: dict[str, InputData] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ _DTYPES = {
 }
 
 
-def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None]]]:
-    """{input name: (numpy dtype name, dims with None for dynamic)} of the model at `path`.
+def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None] | None]]:
+    """{input name: (numpy dtype name, dims with None for dynamic)} of the model at `path`; dims are
+    None when the model leaves the rank open, [] for a scalar.
 
     `reader` is the spec reader whose `fail(field, expected)` builds the error.
     """
@@ -39,7 +40,7 @@ def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise reader.fail("model.path", f"{path.name} fails the ONNX checker: {first}") from exc
     initializers = {i.name for i in model.graph.initializer}
-    out: dict[str, tuple[str, list[int | None]]] = {}
+    out: dict[str, tuple[str, list[int | None] | None]] = {}
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
@@ -47,6 +48,6 @@ def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None
         dtype = _DTYPES.get(t.elem_type)
         if dtype is None:
             raise reader.fail(f"model.inputs.{inp.name}", f"unsupported input element type {t.elem_type}")
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim] if t.HasField("shape") else None
         out[inp.name] = (dtype, dims)
     return out
