@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 from optuna.trial import TrialState
 
-from tests.conftest import tuner
+from tests.conftest import REPO, tuner
 from tests.helpers import status, trials
 
 SPACE = {"precision": ["fp32", "int8_static", "int8_dynamic"], "graph_optimization_level": ["all"], "execution_mode": ["sequential"],
@@ -48,7 +51,11 @@ def test_baseline_is_the_first_trial_once_across_restarts(write_spec, sqlite_url
 
 def test_export_writes_engine_route_and_reproduction(write_spec, sqlite_url, tmp_path) -> None:
     spec = write_spec(**{"run.budget": 2})
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    run = subprocess.run([sys.executable, "-m", "tuner", "run", str(spec), "--storage", sqlite_url, "--no-confirm"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stdout
+    lines = run.stdout.splitlines()  # progress (stderr) and result (stdout) in one stream, as in a log file or CI
+    assert any(line.startswith("Not confirmed") for line in lines), run.stdout  # the headline starts its own line
     out = tmp_path / "export"
     refused = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out))  # unconfirmed: not exported unless asked for
     assert refused.returncode == 2 and "not exporting" in refused.stderr and "--trial" in refused.stderr and not out.exists()
