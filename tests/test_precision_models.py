@@ -68,6 +68,25 @@ def _order_faults(model: onnx.ModelProto) -> list[str]:
     return faults
 
 
+def _fp16_left(model: onnx.ModelProto) -> list[str]:
+    """Where an fp16 type survives: initializers, tensor attributes, Cast targets, value infos (subgraphs too)."""
+    found: list[str] = []
+
+    def walk(graph: onnx.GraphProto) -> None:
+        found.extend(i.name for i in graph.initializer if i.data_type == TensorProto.FLOAT16)
+        found.extend(v.name for v in list(graph.value_info) + list(graph.input) + list(graph.output)
+                     if v.type.tensor_type.elem_type == TensorProto.FLOAT16)
+        for node in graph.node:
+            for attr in node.attribute:
+                if (attr.HasField("t") and attr.t.data_type == TensorProto.FLOAT16) or (node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT16):
+                    found.append(node.name)
+                for sub in [attr.g] * attr.HasField("g") + list(attr.graphs):
+                    walk(sub)
+
+    walk(model.graph)
+    return found
+
+
 def _scale_faults(model: onnx.ModelProto) -> list[str]:
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     return [n.name for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
@@ -87,6 +106,8 @@ def test_every_variant_is_checked_sorted_and_runs(name: str, options: VariantOpt
     assert _scale_faults(model) == []
     if options.precision in ("fp16", "bf16"):
         assert any(n.op_type == "Cast" for n in model.graph.node)
+    if options.precision == "bf16":  # no fp16 left anywhere: TensorRT refuses Half meeting BFloat16
+        assert _fp16_left(model) == []
     else:
         assert any(n.op_type in ("DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger") for n in model.graph.node)
     if options.precision != "bf16":  # ONNX Runtime's CPU kernels lack bf16 for most ops

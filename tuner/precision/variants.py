@@ -15,7 +15,7 @@ import numpy as np
 from tuner.measure.inputs import Feed, feeds_hash, file_hash
 
 # Bumped whenever a converter's output changes, so variants cached by an older recipe are not reused.
-RECIPE = 2
+RECIPE = 3
 PRECISIONS = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "fp8_static")
 
 # Operators kept in fp32 when casting to fp16/bf16: the block list is itself a search parameter.
@@ -117,26 +117,43 @@ def _cast(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> No
 
 
 def _fp16_to_bf16(model: object) -> object:
-    """Rewrite an fp16-cast graph to bf16: Cast targets, fp16 initializers and value infos."""
+    """Rewrite an fp16-cast model to bf16 (the graph and its subgraphs)."""
+    _graph_to_bf16(model.graph)  # type: ignore[attr-defined]
+    return model
+
+
+def _graph_to_bf16(graph: object) -> None:
+    """Every fp16 in `graph` becomes bf16: Cast targets, initializers, tensor attributes (Constant,
+    ConstantOfShape values), value infos, and the same inside subgraphs."""
+    import onnx
+
+    fp16 = onnx.TensorProto.FLOAT16
+    for node in graph.node:  # type: ignore[attr-defined]
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == fp16:
+                attr.i = onnx.TensorProto.BFLOAT16
+            for t in [attr.t] * attr.HasField("t") + list(attr.tensors):
+                if t.data_type == fp16:
+                    t.CopyFrom(_bf16_tensor(t))
+            for sub in [attr.g] * attr.HasField("g") + list(attr.graphs):
+                _graph_to_bf16(sub)
+    for init in graph.initializer:  # type: ignore[attr-defined]
+        if init.data_type == fp16:
+            init.CopyFrom(_bf16_tensor(init))
+    for vi in list(graph.value_info) + list(graph.output) + list(graph.input):  # type: ignore[attr-defined]
+        if vi.type.tensor_type.elem_type == fp16:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.BFLOAT16
+
+
+def _bf16_tensor(tensor: object) -> object:
+    """An fp16 TensorProto as bf16 (round to nearest even), same name and shape."""
     import onnx
     from onnx import numpy_helper
 
-    graph = model.graph  # type: ignore[attr-defined]
-    for node in graph.node:
-        if node.op_type == "Cast":
-            for attr in node.attribute:
-                if attr.name == "to" and attr.i == onnx.TensorProto.FLOAT16:
-                    attr.i = onnx.TensorProto.BFLOAT16
-    for i, init in enumerate(graph.initializer):
-        if init.data_type == onnx.TensorProto.FLOAT16:
-            values = numpy_helper.to_array(init).astype(np.float32)
-            bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
-            t = onnx.helper.make_tensor(init.name, onnx.TensorProto.BFLOAT16, values.shape, bf16.tobytes(), raw=True)
-            graph.initializer[i].CopyFrom(t)
-    for vi in list(graph.value_info) + list(graph.output) + list(graph.input):
-        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
-            vi.type.tensor_type.elem_type = onnx.TensorProto.BFLOAT16
-    return model
+    values = np.ascontiguousarray(numpy_helper.to_array(tensor).astype(np.float32))
+    bits = values.view(np.uint32).astype(np.uint64)
+    bf16 = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return onnx.helper.make_tensor(tensor.name, onnx.TensorProto.BFLOAT16, values.shape, bf16.tobytes(), raw=True)  # type: ignore[attr-defined]
 
 
 def _dynamic(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> None:
