@@ -49,13 +49,22 @@ def test_without_a_confirmation_the_study_estimate_is_unconfirmed_and_nothing_is
 
 
 def test_the_paired_trial_measurement_is_the_study_estimate_where_it_exists() -> None:
-    study = _study(*THREE, paired={1: {"paired": True, V.PAIRED_SPEEDUP: 1.1, V.PAIRED_CI: [1.05, 1.16]}})
+    study = _study(*THREE, paired={1: {"paired": True, "speedup_paired": 1.1, "speedup_paired_ci": [1.05, 1.16]}})
     head = _decide(study)
     assert head.verdict == V.UNCONFIRMED and head.study == V.Estimate(1.1, 1.05, 1.16, paired=True)
     assert head.to_json()["speedup_ci"] == [1.05, 1.16] and "CI 1.05x-1.16x" in head.sentence
-    study.set_user_attr(V.RACING, {"1": {V.REFINED_SPEEDUP: 1.08, V.REFINED_CI: [1.06, 1.1], "remeasured": 1}})
+    study.set_user_attr("racing", {"1": {"speedup_refined": 1.08, "speedup_refined_ci": [1.06, 1.1], "remeasured": 1}})
     _, raced = V.study_headline(study)  # racing re-measured it: the pooled estimate is the study's
     assert raced.study == V.Estimate(1.08, 1.06, 1.1, paired=True) and raced.verdict == V.UNCONFIRMED
+
+
+def test_before_the_confirmation_racing_s_confirmed_best_leads() -> None:
+    paired = {n: {"paired": True, "speedup_paired": s, "speedup_paired_ci": [s - 0.1, s + 0.1]} for n, s in ((1, 1.3), (3, 1.2))}
+    study = _study(*THREE, ("d", 9.0, -1.0), paired=paired)  # trial 1 is the study's best by value; 3 was re-measured and confirmed
+    study.set_user_attr("racing", {"3": {"speedup_refined": 1.25, "speedup_refined_ci": [1.2, 1.3], "remeasured": 1}})
+    _, head = V.study_headline(study)
+    assert head.verdict == V.UNCONFIRMED and head.trial is not None and head.trial.number == 3 and head.export_trial is None
+    assert head.study == V.Estimate(1.25, 1.2, 1.3, paired=True)
 
 
 @pytest.mark.parametrize(("stored", "verdict", "factor", "ci", "exports"), [

@@ -12,9 +12,10 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.store.cache import ResultStore
 from tuner.store.models import Measurement
 from tuner.study.outcome import is_feasible
+from tuner.study.racing import Races, races
 from tuner.study.setup import Context
 from tuner.study.summary import Summary, failure_class
-from tuner.study.verdict import RACING, Estimate, Headline, study_estimate, study_headline
+from tuner.study.verdict import Estimate, Headline, study_estimate, study_headline
 
 MIN_IMPORTANCE_TRIALS = 4  # fewer feasible trials say nothing about which knob matters
 
@@ -62,13 +63,13 @@ def _float(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _row(t: FrozenTrial, baseline: FrozenTrial | None, races: dict[str, Any] | None) -> TrialRow:
+def _row(t: FrozenTrial, baseline: FrozenTrial | None, raced: Races) -> TrialRow:
     feasible = is_feasible(t)
     cls = failure_class(t)
     outcome = "feasible" if feasible else ("infeasible" if t.state == TrialState.COMPLETE else cls or t.state.name.lower())
     return TrialRow(t.number, t.state.name, t.value if t.state == TrialState.COMPLETE else None, feasible, outcome,
                     _float((t.user_attrs.get("accuracy") or {}).get("value")), dict(t.params), str(t.user_attrs.get("cache_key", "")),
-                    study_estimate(t, baseline, races) if feasible else None)
+                    study_estimate(t, baseline, raced) if feasible else None)
 
 
 def importances(trials: list[FrozenTrial]) -> tuple[dict[str, float], str]:
@@ -104,8 +105,8 @@ def collect(ctx: Context, study: optuna.Study) -> ReportData:
     frozen = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     summary, headline = study_headline(study)
     confirmation = study.user_attrs.get("confirmation")
-    races = study.user_attrs.get(RACING)
-    rows = [_row(t, summary.baseline, races) for t in frozen]
+    raced = races(study)
+    rows = [_row(t, summary.baseline, raced) for t in frozen]
     by_number = {r.number: r for r in rows}
     conf = confirmation or {}
     contender = conf["trial"] if conf.get("trial") is not None else (summary.best.number if summary.best else None)

@@ -9,8 +9,9 @@ The verdict comes from the end-of-study confirmation when there is one, else fro
 
 `speedup` is the confirmed estimate where a confirmation exists, else the study's estimate for the same
 route; `study_speedup` is always the study's estimate: the trial's paired ratio against the baseline
-engine (refined by racing where the study re-measured it; attribute names in `tuner.study.racing`),
-else the ratio of the default's and the trial's values, each measured once and apart in time.
+engine, refined where racing re-measured it (`tuner.study.racing.standing`), else the ratio of the
+default's and the trial's values, each measured once and apart in time. Before a confirmation the
+headline is about racing's confirmed best where there is one, else the study's best feasible trial.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.study.outcome import is_feasible
+from tuner.study.racing import Races, best_confirmed, races, standing
 from tuner.study.summary import Summary, summarize_study
 
 SPEEDUP = "speedup"
@@ -31,9 +33,6 @@ DEFAULT_IS_FASTEST = "default-is-fastest"
 UNCONFIRMED = "unconfirmed"
 VERDICTS = (SPEEDUP, NO_SIGNIFICANT, DEFAULT_IS_FASTEST, UNCONFIRMED)
 LEGACY = {"default-fastest": DEFAULT_IS_FASTEST}  # what confirmations stored before the names were unified
-# Trial user attributes of paired timing, and the study attribute of racing (documented in `tuner.study.racing`).
-PAIRED_SPEEDUP, PAIRED_CI, RACING = "speedup_paired", "speedup_paired_ci", "racing"
-REFINED_SPEEDUP, REFINED_CI = "speedup_refined", "speedup_refined_ci"
 
 
 @dataclass(frozen=True)
@@ -84,16 +83,13 @@ def verdict_name(stored: str | None) -> str | None:
     return LEGACY.get(stored or "", stored)
 
 
-def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None, races: Mapping[str, Any] | None = None) -> Estimate | None:
-    """The study's own speedup estimate for `trial`: refined by racing, else paired, else the ratio of values."""
+def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None, races: Races | None = None) -> Estimate | None:
+    """The study's own speedup estimate for `trial`: its paired standing (refined by racing), else the ratio of values."""
     if trial is None:
         return None
-    for source, key, ci in (((races or {}).get(str(trial.number)) or {}, REFINED_SPEEDUP, REFINED_CI),
-                            (trial.user_attrs, PAIRED_SPEEDUP, PAIRED_CI)):
-        if _positive(source.get(key)):
-            low, high = (list(source.get(ci) or []) + [None, None])[:2]
-            ok = _positive(low) and _positive(high)
-            return Estimate(float(source[key]), float(low) if ok else None, float(high) if ok else None, paired=True)
+    paired = standing(trial, races or {})
+    if paired is not None:
+        return Estimate(paired.estimate, paired.low, paired.high, paired=True)
     if baseline is None or not is_feasible(baseline) or not is_feasible(trial):
         return None
     if trial.number == baseline.number:
@@ -106,12 +102,11 @@ def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None, race
 def study_headline(study: optuna.Study) -> tuple[Summary, Headline]:
     """A fresh read of `study`: its summary and its headline."""
     summary = summarize_study(study)
-    attrs = study.user_attrs
-    return summary, decide(summary, attrs.get("confirmation"), study.get_trials(deepcopy=False), attrs.get(RACING))
+    return summary, decide(summary, study.user_attrs.get("confirmation"), study.get_trials(deepcopy=False), races(study))
 
 
 def decide(summary: Summary, confirmation: Mapping[str, Any] | None, trials: Sequence[FrozenTrial],
-           races: Mapping[str, Any] | None = None) -> Headline:
+           races: Races | None = None) -> Headline:
     """The headline of a study from its summary, its stored confirmation (if any), its trials and racing document."""
     by_number = {t.number: t for t in trials}
     baseline = summary.baseline
@@ -129,9 +124,9 @@ def decide(summary: Summary, confirmation: Mapping[str, Any] | None, trials: Seq
         sentence = "Keep the default route: no other route was feasible within the accuracy tolerance."
         return Headline(DEFAULT_IS_FASTEST, sentence, baseline, Estimate(1.0, 1.0, 1.0, paired=True),
                         study_estimate(baseline, baseline, races), base_no, base_no)
-    best = summary.best
+    best = best_confirmed(trials, races or {}) or summary.best  # racing's confirmed best, else the study's best feasible
     study = study_estimate(best, baseline, races)
-    return Headline(UNCONFIRMED, _unconfirmed_sentence(summary, study, conf), best, study, study, None, base_no)
+    return Headline(UNCONFIRMED, _unconfirmed_sentence(summary, best, study, conf), best, study, study, None, base_no)
 
 
 def _positive(value: Any) -> bool:
@@ -166,14 +161,14 @@ def _stale(summary: Summary, conf: Mapping[str, Any]) -> str:
     return (f" Trial {summary.best.number}, found since, is not confirmed: run `tuner run` again to re-confirm.")
 
 
-def _unconfirmed_sentence(summary: Summary, study: Estimate | None, conf: Mapping[str, Any]) -> str:
-    if summary.best is None:
+def _unconfirmed_sentence(summary: Summary, best: FrozenTrial | None, study: Estimate | None, conf: Mapping[str, Any]) -> str:
+    if best is None:
         return "Nothing to act on yet: no route has been timed within the accuracy tolerance."
     why = f" ({conf['message']})" if conf.get("message") else ""
-    if summary.baseline is not None and summary.best.number == summary.baseline.number:
-        return f"Not confirmed{why}: the default route (trial {summary.best.number}) is the fastest feasible route the study found."
+    if summary.baseline is not None and best.number == summary.baseline.number:
+        return f"Not confirmed{why}: the default route (trial {best.number}) is the fastest feasible route the study found."
     if study is None:
         return (f"Not confirmed: the default route has no feasible measurement, so no speedup can be stated{why}; "
-                f"the fastest feasible route is trial {summary.best.number}.")
-    return (f"Not confirmed{why}: trial {summary.best.number} measured {study.text()} against the default route in the study; "
+                f"the fastest feasible route is trial {best.number}.")
+    return (f"Not confirmed{why}: trial {best.number} measured {study.text()} against the default route in the study; "
             "`tuner run` re-measures the top routes against the default when the budget is spent — act on that, not on this.")
