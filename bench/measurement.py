@@ -15,7 +15,10 @@ Recorded per configuration:
 
 Writes bench/results/measurement.json (merging into an existing file: one key per configuration).
 
-Usage: python bench/measurement.py [--workers 1 2] [--trials 16] [--before REV] [--only-before] [--admin URL]
+`--h200 FILE` folds the H200 agreement run (bench/gpu/measure_agreement.py's output, e.g.
+bench/results/gpu-measurement.json) into the same document under `h200`, without running anything.
+
+Usage: python bench/measurement.py [--workers 1 2] [--trials 16] [--before REV] [--admin URL] [--h200 FILE]
 """
 
 from __future__ import annotations
@@ -162,6 +165,29 @@ print(json.dumps({
 '''
 
 
+def h200_summary(run: dict[str, Any], source: str) -> dict[str, Any]:
+    """The agreement, drift and cost figures of one H200 run, with the machine state they were measured in."""
+    trials = run.get("trials", [])
+    winner = next((t for t in trials if t["number"] == run.get("agreement", {}).get("winner_trial")), {})
+    baseline = next((t for t in trials if t["number"] == 0), {})
+    sbs = run.get("side_by_side", {})
+    paired = sbs.get("paired", {})
+    return {
+        "source": f"bench/results/{source}", "gpu": run.get("environment", {}).get("timer", {}).get("gpu"),
+        "clocks": {k: run.get("environment", {}).get("timer", {}).get(k) for k in ("sm_clock_mhz", "mem_clock_mhz", "sm_clock_max_mhz")},
+        "agreement": run.get("agreement"),
+        "winner_trial_timing": winner.get("timing"), "winner_phase_s": winner.get("phase_s"),
+        "baseline_latency_in_baseline_trial_ms": (baseline.get("latency_ms") or {}).get("median"),
+        "baseline_latency_in_winner_trial_ms": (winner.get("baseline_latency_ms") or {}).get("median"),
+        "winner_latency_in_its_trial_ms": (winner.get("latency_ms") or {}).get("median"),
+        "side_by_side_rounds": {label: {k: sbs.get(label, {}).get(k) for k in ("median_ms", "round_medians_ms", "cv_between_rounds")} for label in ("default", "winner")},
+        "side_by_side_paired": {k: paired.get(k) for k in ("speedup", "ci", "halfwidth", "cycles", "seconds", "cycle_speedup", "default_block_ms", "winner_block_ms")},
+        "baseline_reload_s": (winner.get("timing") or {}).get("baseline_load_s"),
+        "time_phase_s": {t["number"]: (t.get("phase_s") or {}).get("time") for t in trials},
+        "build_phase_s": {t["number"]: (t.get("phase_s") or {}).get("build") for t in trials},
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
@@ -170,10 +196,16 @@ def main() -> None:
     p.add_argument("--before-workers", type=int, nargs="+", default=[1])
     p.add_argument("--admin", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--h200", type=Path, default=None, help="fold this H200 agreement run into the document and stop")
     args = p.parse_args()
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     doc.setdefault("benchmark", "measurement")
     doc.setdefault("configs", {})
+    if args.h200:
+        doc["h200"] = h200_summary(json.loads(args.h200.read_text()), args.h200.name)
+        args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        print(json.dumps(doc["h200"], indent=1))
+        return
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="tuner-measure-bench-") as tmp_name:
         tmp = Path(tmp_name)

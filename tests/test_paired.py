@@ -8,8 +8,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from tuner.backends.base import Runner
 from tuner.measure import paired as P
 from tuner.measure.speedup import _critical, signed_rank_counts, speedup_from_log_ratios
+from tuner.worker.timing import block_fn
 
 
 class SimClock:
@@ -133,3 +135,23 @@ def test_normal_approximation_continues_the_exact_interval() -> None:
     d = list(np.log(1.25) + np.random.default_rng(14).normal(0, 0.01, 200))
     s = speedup_from_log_ratios(d, 0.95)
     assert s.low < 1.25 < s.high and s.halfwidth < 0.005
+
+
+class CountingRunner(Runner):
+    """A real runner doing a little numpy work per call and counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        return {"y": feed["x"] @ feed["x"]}
+
+
+def test_per_call_blocks_time_each_call_and_pipelined_blocks_one_run_of_back_to_back_calls() -> None:
+    feed = {"x": np.eye(8, dtype=np.float32)}
+    runner = CountingRunner()
+    per_call = block_fn(runner, feed, P.PER_CALL)(7)
+    assert len(per_call) == 7 and runner.calls == 7 and all(v > 0 for v in per_call)
+    pipelined = block_fn(runner, feed, P.PIPELINED)(7)
+    assert len(pipelined) == 1 and runner.calls == 14 and pipelined[0] > 0
