@@ -71,7 +71,7 @@ def database(admin: str) -> str:
     with conn.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
     conn.close()
-    return f"{admin.rsplit('/', 1)[0]}/{name}"
+    return f"{admin.rsplit('/', 1)[0]}/{name}".replace("postgresql://", "postgresql+psycopg2://", 1)
 
 
 def run_config(code: Path, label: str, workers: int, trials: int, admin: str, tmp: Path) -> dict[str, Any]:

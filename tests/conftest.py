@@ -25,6 +25,25 @@ def _admin() -> Any:
     return conn
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_timing_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Timing locks private to this test session (tuner.measure.exclusive), inherited by every process it starts.
+
+    Trials of one session still exclude each other; other sessions and studies on this host do not
+    hold up its trials (a test's short trial timeout would count their timings as its own).
+    """
+    from tuner.measure.exclusive import LOCK_DIR_ENV
+
+    directory = tmp_path_factory.mktemp("timing-locks")
+    previous = os.environ.get(LOCK_DIR_ENV)
+    os.environ[LOCK_DIR_ENV] = str(directory)
+    yield directory
+    if previous is None:
+        os.environ.pop(LOCK_DIR_ENV, None)
+    else:
+        os.environ[LOCK_DIR_ENV] = previous
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
