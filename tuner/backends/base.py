@@ -236,3 +236,18 @@ class Backend(abc.ABC):
     def reproduce_command(self, route: Route) -> str | None:
         """A native command that rebuilds `route` outside the tuner, where one exists."""
         return None
+
+    def learned_failure(self, route: Route, model: ModelInfo, work_dir: Path, model_sha: str, data_sha: str) -> tuple[str, str] | None:
+        """(key, what) of a product `route` needs that already failed to build, or None.
+
+        Runs in the worker before any child starts: it must only compute keys and look them up.
+        """
+        return None
+
+    def preparation(self, model: ModelInfo, space: SearchSpace, work_dir: Path, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+        """Prepare the model once before any variant `space` offers (cached by content); what was done, step by step."""
+        return []
+
+    def seed_routes(self, model: ModelInfo) -> list[Route]:
+        """Routes the compiler's own documentation recommends, tried right after the default route."""
+        return []

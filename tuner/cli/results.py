@@ -155,6 +155,11 @@ def space(spec: SpecArg) -> None:
         t.add_row(p.name, ", ".join(map(str, p.choices)), str(p.default), p.help)
     console.print(t)
     console.print(f"{len(ctx.space.routes())} routes")
+    steps = ctx.backend.preparation(ctx.model_info, ctx.space, ctx.work_dir, log=lambda _: None)
+    if steps:
+        console.print("model preparation before int8 variants (once, cached by content):")
+        for step in steps:
+            console.print(f"  {step['step']}: {step['status']} {step.get('detail', '')}".rstrip(), highlight=False)
     console.print(options_table(ctx.backend, ctx.spec.backend.options))
 
 

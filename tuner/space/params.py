@@ -110,6 +110,24 @@ class SearchSpace:
                 route[p.name] = trial.suggest_categorical(p.name, list(p.choices))
         return route
 
+    def complete(self, chosen: Mapping[str, Value]) -> Route:
+        """The route with the `chosen` values and every other active knob at its default."""
+        route: Route = {}
+        for p in self.params:
+            if p.active(route):
+                route[p.name] = chosen.get(p.name, p.default)
+        return route
+
+    def contains(self, route: Mapping[str, Value]) -> bool:
+        """Whether `route` is a route of this space: every active knob set to one of its choices, nothing else."""
+        walked: Route = {}
+        for p in self.params:
+            if p.active(walked):
+                if p.name not in route or not _member(route[p.name], p.choices):
+                    return False
+                walked[p.name] = route[p.name]
+        return set(walked) == set(route)
+
     def check(self, route: Mapping[str, Value]) -> str | None:
         """Why `route` is known to be invalid, or None."""
         return self.invalid(route) if self.invalid else None

@@ -2,14 +2,17 @@
 
 The count is taken under the study lock immediately before `ask`, so two workers cannot both take
 the last slot. Counted: COMPLETE, PRUNED, RUNNING, and FAIL trials except those interrupted or lost
-(which are re-queued and run again). Read fresh through `optuna_adapter` (SQL on Optuna's tables)
-because the cached Optuna storage is not fresh across processes.
+(which are re-queued and run again), and PRUNED known failures (no child ran: a product the route
+needs had already failed; at most `budget` of them are free, so a study always ends). Read fresh
+through `optuna_adapter` (SQL on Optuna's tables) because the cached Optuna storage is not fresh
+across processes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner import job as J
 from tuner.study.optuna_adapter import count_by_state, count_with_attr
 from tuner.study.outcome import UNCOUNTED
 
@@ -24,11 +27,16 @@ class Counts:
     running: int = 0
     waiting: int = 0
     uncounted_fail: int = 0
+    known_failures: int = 0
 
     @property
     def counted(self) -> int:
         """Trials that use up budget."""
-        return self.complete + self.pruned + self.running + self.fail - self.uncounted_fail
+        return self.complete + self.pruned + self.running + self.fail - self.uncounted_fail - self.known_failures
+
+    def exhausted(self, budget: int) -> bool:
+        """Whether no budget is left (or the free known failures reached the budget too)."""
+        return self.counted >= budget or self.known_failures >= budget
 
     @property
     def finished(self) -> int:
@@ -43,4 +51,5 @@ def count_trials(url: str, study_id: int) -> Counts:
         complete=by_state.get("COMPLETE", 0), pruned=by_state.get("PRUNED", 0), fail=by_state.get("FAIL", 0),
         running=by_state.get("RUNNING", 0), waiting=by_state.get("WAITING", 0),
         uncounted_fail=count_with_attr(url, study_id, "FAIL", "failure_class", UNCOUNTED),
+        known_failures=count_with_attr(url, study_id, "PRUNED", "failure_class", (J.KNOWN_FAILURE,)),
     )

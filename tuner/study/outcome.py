@@ -12,7 +12,9 @@ Encoding (chosen so every sampler learns from every outcome; see optuna-facts it
 - every finished trial carries the same two constraints, in the same order: `accuracy`
   (violation relative to the tolerance) and `failure` (+1 when the route failed, -1 otherwise),
   through `Trial.set_constraint` and mirrored to the legacy `constraints` list the dashboard reads;
-- interrupted and lost trials are FAIL, are not counted in the budget, and are re-queued.
+- interrupted and lost trials are FAIL, are not counted in the budget, and are re-queued;
+- known failures (a route needing a product that already failed to build) are PRUNED like any
+  failure, so the sampler learns from them, but cost no child and no budget (see `budget`).
 """
 
 from __future__ import annotations

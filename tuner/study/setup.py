@@ -111,6 +111,8 @@ def prepare(ctx: Context) -> optuna.Study:
     fingerprint = ctx.fingerprint()
     ctx.reference_path  # noqa: B018 - compute once, before the workers need it
     ctx.feeds_path  # noqa: B018
+    preparation = ctx.backend.preparation(ctx.model_info, ctx.space, ctx.work_dir)  # cached by content: slow once
+    seeds = [r for r in ctx.backend.seed_routes(ctx.model_info) if ctx.space.contains(r) and r != ctx.space.default_route()]
     with study_lock(ctx.url, ctx.spec.study):
         with Session(get_engine(ctx.url)) as s, s.begin():
             record = s.get(StudyRecord, ctx.spec.study)
@@ -131,7 +133,10 @@ def prepare(ctx: Context) -> optuna.Study:
             study.set_user_attr("backend_version", ctx.backend.version())
             study.set_user_attr("default_route", ctx.space.default_route())
             study.set_user_attr("budget", ctx.spec.run.budget)
+            study.set_user_attr("preparation", preparation)
             for key, value in ctx.backend.study_attrs(ctx.model_info).items():
                 study.set_user_attr(key, value)
         study.enqueue_trial(ctx.space.default_route(), user_attrs={"source": "baseline"}, skip_if_exists=True)
+        for route in seeds:  # the compiler's own recommendation, right after the baseline
+            study.enqueue_trial(route, user_attrs={"source": "recommended"}, skip_if_exists=True)
     return study

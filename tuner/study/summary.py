@@ -31,6 +31,7 @@ class Summary:
     baseline: FrozenTrial | None
     elapsed_s: float
     failure_classes: dict[str, int]
+    repeated_failures: int = 0
 
     @property
     def best_value(self) -> float | None:
@@ -55,12 +56,31 @@ class Summary:
             "infeasible": self.infeasible, "requeued": self.requeued, "cache_hits": self.cache_hits,
             "speedup": self.speedup, "best_trial": self.best.number if self.best else None,
             "elapsed_s": round(self.elapsed_s, 3), "failure_classes": self.failure_classes,
+            "repeated_failures": self.repeated_failures,
+            "repeated_failures_share": round(self.repeated_failures / self.budget, 4) if self.budget else None,
         }
 
 
 def failure_class(t: FrozenTrial) -> str:
     """A finished trial's failure class ('' for success)."""
     return str(t.user_attrs.get("failure_class", ""))
+
+
+def repeated_failures(trials: list[FrozenTrial]) -> int:
+    """Trials that used budget on a failure an earlier trial already showed (same `failure_key`).
+
+    Known failures (no child ran, no budget used) are not counted: they are the point of learning.
+    """
+    seen: set[str] = set()
+    repeated = 0
+    for t in sorted(trials, key=lambda t: t.number):
+        key = t.user_attrs.get("failure_key")
+        if not t.state.is_finished() or not key:
+            continue
+        if key in seen and failure_class(t) != J.KNOWN_FAILURE:
+            repeated += 1
+        seen.add(str(key))
+    return repeated
 
 
 def summarize_study(study: optuna.Study) -> Summary:
@@ -92,4 +112,5 @@ def summarize_study(study: optuna.Study) -> Summary:
         cache_hits=sum(1 for t in trials if t.user_attrs.get("cache_hit")),
         best=min(feasible, key=lambda t: (t.value, t.number)) if feasible else None,
         baseline=baselines[0] if baselines else None, elapsed_s=elapsed, failure_classes=classes,
+        repeated_failures=repeated_failures(trials),
     )

@@ -106,7 +106,7 @@ class Worker:
         """Under the study lock: count, and ask only if budget remains. Returns (trial, running)."""
         with study_lock(self.ctx.url, self.spec.study):
             counts = count_trials(self.ctx.url, self.study_id)
-            if counts.counted >= self.budget:
+            if counts.exhausted(self.budget):
                 return None, counts.running
             trial = self.study.ask()
             self.leases.take(oa.trial_id(trial), self.owner)
@@ -209,14 +209,24 @@ class Worker:
         reason = self.ctx.space.check(route)
         if reason:
             return J.Result(status=J.INVALID_ROUTE, message=reason), extra
+        learned = self._learned_failure(route)
+        if learned:  # a product this route needs already failed: no child, no budget
+            extra["failure_key"] = learned[0]
+            return J.Result(status=J.KNOWN_FAILURE, message=f"needs {learned[1]}"), extra
         cached = self.results.lookup(key)
         if cached is not None and self._reusable(cached):
             extra.update(cache_hit=True, cached_from=f"{cached.study}#{cached.trial_number}")
-            return J.Result.from_json(_json(cached.result)), extra
-        result = self._run_child(number, route)
-        if result.status in J.DETERMINISTIC and not self.stop.event.is_set():
-            self._store(key, number, route, result)
+            result = J.Result.from_json(_json(cached.result))
+        else:
+            result = self._run_child(number, route)
+            if result.status in J.DETERMINISTIC and not self.stop.event.is_set():
+                self._store(key, number, route, result)
+        if result.status in outcome.FAILURES:  # what failed: a product the child just learned, else this route
+            extra["failure_key"] = (self._learned_failure(route) or (key[:16],))[0]
         return result, extra
+
+    def _learned_failure(self, route: dict[str, Any]) -> tuple[str, str] | None:
+        return self.ctx.backend.learned_failure(route, self.ctx.model_info, self.ctx.work_dir, self.ctx.model_sha, self.ctx.data_sha)
 
     def _reusable(self, cached: Any) -> bool:
         # A gate failure stopped before timing: reuse it only if it still fails this tolerance.

@@ -2,11 +2,16 @@
 
 "Building" a route produces the optimised ONNX file that ONNX Runtime itself writes
 (`SessionOptions.optimized_model_filepath`) from the precision variant, after the optional
-transformer fusions; "running" loads that file with the route's session options.
+transformer fusions and, for int8, the model preparation; "running" loads that file with the
+route's session options. Int8 variants come from ONNX Runtime's own quantizer with its documented
+recommendations for this CPU as defaults (`quant_space`), and ORT's recommended int8 recipe is
+tried right after the default route.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
@@ -48,3 +53,24 @@ class OnnxRuntimeBackend(Backend):
         from tuner.backends.onnxruntime.run import OrtRunner
 
         return OrtRunner(artifact, route)
+
+    def learned_failure(self, route: Route, model: ModelInfo, work_dir: Path, model_sha: str, data_sha: str) -> tuple[str, str] | None:
+        from tuner.backends.onnxruntime.products import FailureBook, products
+
+        known = FailureBook(work_dir).lookup(products(route, model_sha, model.options, data_sha))
+        return (known[0].key, f"{known[0].kind} {known[0].key}, which failed before: {known[1]}") if known else None
+
+    def preparation(self, model: ModelInfo, space: SearchSpace, work_dir: Path, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+        if not any(str(c).startswith("int8") for c in space.param("precision").choices):
+            return []  # only int8 variants are made from the prepared model
+        from tuner.backends.onnxruntime.prepare import prepare
+        from tuner.backends.onnxruntime.products import products
+        from tuner.measure.inputs import file_hash
+
+        prepared = next(p for p in products({"precision": "int8_static"}, file_hash(model.path), model.options, "") if p.kind == "prepared")
+        return prepare(model.path, prepared.key, work_dir / "variants", log).steps
+
+    def seed_routes(self, model: ModelInfo) -> list[Route]:
+        from tuner.backends.onnxruntime.space import recommended_route
+
+        return [recommended_route(self.space(model))]

@@ -1,22 +1,35 @@
-"""Build an ONNX Runtime route: transformer fusions -> precision variant -> ORT-optimised ONNX file."""
+"""Build an ONNX Runtime route: transformer fusions -> preparation -> precision variant -> ORT-optimised ONNX file.
+
+Every intermediate product is a content-addressed file under `work_dir/variants` (see `products`);
+one that fails is recorded in the study's `FailureBook` before the error is raised, so no later
+route builds it again.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from tuner.backends.base import Artifact, BuildContext, BuildError
-from tuner.backends.onnxruntime.space import FUSIONS
-from tuner.measure.inputs import file_hash
+from tuner.backends.onnxruntime.products import FailureBook, Product, fusion_switches, products, sensitivity_key
+from tuner.backends.onnxruntime.quant_space import recommendation
+from tuner.backends.onnxruntime.recipe import QuantOptions
+from tuner.measure.inputs import feeds_hash, file_hash
 from tuner.precision import VariantOptions, make_variant
 from tuner.space import Route
 
 LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+T = TypeVar("T")
+
+
+def graph_level(route: Route) -> str:
+    """The route's ORT graph optimisation level (int8 static routes have their own knob)."""
+    return str(route.get("int8_graph_level", route.get("graph_optimization_level", "all")))
 
 
 def build(route: Route, ctx: BuildContext) -> Artifact:
@@ -24,22 +37,11 @@ def build(route: Route, ctx: BuildContext) -> Artifact:
     import onnxruntime as ort
 
     t0 = time.perf_counter()
-    source = ctx.model.path
-    if route.get("transformer_fusion"):
-        source = _fused(source, route, ctx)
-    try:
-        variant = make_variant(
-            source,
-            VariantOptions(str(route["precision"]), str(route.get("keep_fp32", "none")), bool(route.get("per_channel", True)), str(route.get("calibration", "minmax"))),
-            ctx.calibration,
-            ctx.work_dir / "variants",
-        )
-    except Exception as exc:  # quantizers raise many types; all mean "this variant cannot be made"
-        raise BuildError(f"precision variant {route['precision']}: {type(exc).__name__}: {exc}") from exc
+    variant = model_for(route, ctx)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     out = ctx.out_dir / "engine.onnx"
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[str(route["graph_optimization_level"])])
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[graph_level(route)])
     opts.optimized_model_filepath = str(out)
     opts.log_severity_level = 3
     try:
@@ -51,29 +53,84 @@ def build(route: Route, ctx: BuildContext) -> Artifact:
     return Artifact(out, time.perf_counter() - t0, {"variant": variant.name})
 
 
-def _fused(model: Path, route: Route, ctx: BuildContext) -> Path:
+def model_for(route: Route, ctx: BuildContext) -> Path:
+    """The ONNX file the route's session loads: fused, prepared and converted as the route asks."""
+    data_sha = feeds_hash(ctx.calibration)
+    needed = products(route, file_hash(ctx.model.path), ctx.model.options, data_sha)
+    book = FailureBook(ctx.work_dir)
+    known = book.lookup(needed)
+    if known:
+        raise BuildError(f"{known[0].kind} {known[0].key} failed before: {known[1]}")
+    stage = {p.kind: p for p in needed}
+    cache = ctx.work_dir / "variants"
+    source = ctx.model.path
+    if "fused" in stage:
+        source = _made(book, stage["fused"], lambda: _fused(source, route, ctx, stage["fused"].key))
+    recipe = QuantOptions.from_route(route)
+    if recipe is not None:
+        from tuner.backends.onnxruntime.prepare import prepare
+
+        prepared = _made(book, stage["prepared"], lambda: prepare(source, stage["prepared"].key, cache, ctx.log).path)
+        return _made(book, stage["variant"], lambda: _int8(prepared, recipe, stage, data_sha, ctx))
+    if "variant" in stage:
+        opts = VariantOptions(str(route["precision"]), str(route.get("keep_fp32", "none")))
+        return _made(book, stage["variant"], lambda: make_variant(source, opts, ctx.calibration, cache))
+    return source
+
+
+def _made(book: FailureBook, product: Product, make: Callable[[], T]) -> T:
+    """`make()`, or record the product as failed and raise BuildError."""
+    try:
+        return make()
+    except Exception as exc:  # converters and quantizers raise many types; all mean "this product cannot be made"
+        message = f"{product.kind}: {type(exc).__name__}: {str(exc).strip()[:500]}"
+        book.record(product, message)
+        raise BuildError(message) from exc
+
+
+def _int8(prepared: Path, recipe: QuantOptions, stage: dict[str, Product], data_sha: str, ctx: BuildContext) -> Path:
+    """The int8 variant of the prepared model (kept by key; mixed precision reads the cached sensitivity)."""
+    from tuner.backends.onnxruntime.quantize import quantize
+
+    cache = ctx.work_dir / "variants"
+    out = cache / f"{ctx.model.path.stem}.int8.{stage['variant'].key}.onnx"
+    if out.exists():
+        return out
+    exclude: list[str] = []
+    if recipe.fp32_nodes:
+        from tuner.backends.onnxruntime.sensitivity import ranking
+
+        reduce = recommendation().reduce_range
+        exclude = ranking(prepared, sensitivity_key(stage["prepared"], data_sha, reduce), ctx.calibration, cache, reduce)[: recipe.fp32_nodes]
+        ctx.log(f"kept in fp32 (most sensitive first): {', '.join(exclude)}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".onnx", dir=cache)
+    os.close(fd)
+    try:
+        quantize(prepared, Path(tmp), recipe, ctx.calibration, exclude)
+        Path(tmp).replace(out)  # atomic: concurrent workers may both quantize; either result is identical
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return out
+
+
+def _fused(model: Path, route: Route, ctx: BuildContext, key: str) -> Path:
     """The model after ONNX Runtime's transformer optimizer with the route's fusion switches (cached)."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     opts = ctx.model.options
-    switches = {attr: bool(route.get(name, True)) for name, attr in FUSIONS.items()}
-    key = hashlib.sha256(json.dumps({"m": file_hash(model), "s": switches, "o": dict(opts)}, sort_keys=True, default=str).encode()).hexdigest()[:24]
     cache = ctx.work_dir / "variants"
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{model.stem}.fused.{key}.onnx"
     if out.exists():
         return out
     fusion = FusionOptions(str(opts["model_type"]))
-    for attr, on in switches.items():
+    for attr, on in fusion_switches(route).items():
         setattr(fusion, attr, on)
-    try:
-        optimized = optimize_model(
-            str(model), model_type=str(opts["model_type"]), num_heads=int(opts.get("num_heads", 0)),
-            hidden_size=int(opts.get("hidden_size", 0)), optimization_options=fusion, opt_level=0,
-        )
-    except Exception as exc:
-        raise BuildError(f"transformer optimizer: {type(exc).__name__}: {exc}") from exc
+    optimized = optimize_model(
+        str(model), model_type=str(opts["model_type"]), num_heads=int(opts.get("num_heads", 0)),
+        hidden_size=int(opts.get("hidden_size", 0)), optimization_options=fusion, opt_level=0,
+    )
     fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".onnx", dir=cache)
     os.close(fd)
     try:

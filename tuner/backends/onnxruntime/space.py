@@ -1,21 +1,13 @@
-"""The ONNX Runtime route space: session options, precision variants, transformer fusions."""
+"""The ONNX Runtime route space: session options, precision variants (int8 knobs: quant_space), transformer fusions."""
 
 from __future__ import annotations
 
 import os
 
 from tuner.backends.base import ModelInfo
+from tuner.backends.onnxruntime.products import FUSIONS
+from tuner.backends.onnxruntime.quant_space import model_op_types, quant_params
 from tuner.space import Param, SearchSpace
-
-# ONNX Runtime transformer-optimizer fusion switches (FusionOptions attributes) offered as knobs.
-FUSIONS = {
-    "fuse_attention": "enable_attention",
-    "fuse_skip_layer_norm": "enable_skip_layer_norm",
-    "fuse_embed_layer_norm": "enable_embed_layer_norm",
-    "fuse_gelu": "enable_gelu",
-    "fuse_bias_gelu": "enable_bias_gelu",
-    "fuse_layer_norm": "enable_layer_norm",
-}
 
 
 def _threads() -> tuple[int, ...]:
@@ -38,10 +30,7 @@ def ort_space(model: ModelInfo) -> SearchSpace:
         Param("precision", ("fp32", "fp16", "int8_dynamic", "int8_static"), "fp32", "precision variant of the ONNX graph"),
         Param("keep_fp32", ("sensitive", "norm_softmax", "none"), "sensitive", "ops kept in fp32 in an fp16 graph",
               when=lambda r: r["precision"] == "fp16"),
-        Param("per_channel", (True, False), True, "per-channel int8 weight scales",
-              when=lambda r: str(r["precision"]).startswith("int8")),
-        Param("calibration", ("minmax", "percentile"), "minmax", "int8 calibration method",
-              when=lambda r: r["precision"] == "int8_static"),
+        *quant_params(model_op_types(model.path)),
     ]
     if model.options.get("model_type"):
         params.append(Param("transformer_fusion", (False, True), False, "run ONNX Runtime's transformer optimizer"))
@@ -50,7 +39,8 @@ def ort_space(model: ModelInfo) -> SearchSpace:
             for name, attr in FUSIONS.items()
         )
     params += [
-        Param("graph_optimization_level", ("all", "extended", "basic", "disabled"), "all", "ORT graph optimisation level"),
+        Param("graph_optimization_level", ("all", "extended", "basic", "disabled"), "all", "ORT graph optimisation level",
+              when=lambda r: r["precision"] != "int8_static"),
         Param("execution_mode", ("sequential", "parallel"), "sequential", "ORT execution mode"),
         Param("intra_op_threads", _threads(), 0, "intra-op threads (0: ORT decides)"),
         Param("inter_op_threads", (0, 1, 2), 0, "inter-op threads (parallel mode)", when=lambda r: r["execution_mode"] == "parallel"),
@@ -64,3 +54,12 @@ def _invalid(route: dict) -> str | None:
     if route.get("provider") == "cuda" and route.get("precision") == "int8_dynamic":
         return "dynamic int8 (ConvInteger/MatMulInteger) has no CUDA kernels"
     return None
+
+
+def recommended_route(space: SearchSpace) -> dict:
+    """ONNX Runtime's recommended int8 recipe for this CPU: static int8 with every knob at its default.
+
+    The defaults are ORT's documented choices (`quant_space.recommendation`): U8S8 Q/DQ per-channel,
+    MinMax calibration, `reduce_range` by VNNI, graph level `all`.
+    """
+    return space.complete({"precision": "int8_static"})
