@@ -54,8 +54,8 @@ TIMEOUT = outcome("timeout", "the trial ran past its wall-clock limit; its proce
 CRASH_SIGNAL = outcome("crash-signal", "the trial's child died of a signal (segfault, OOM kill)")
 CRASH_EXIT = outcome("crash-exit", "the trial's child exited without a result")
 SLOW = outcome("slow", "stopped during timing: its paired speedup interval already lay below the incumbent's", "pruned")
-INTERRUPTED = outcome("interrupted", "the run was stopped (Ctrl-C, SIGTERM) while the trial ran", "requeued")
 KNOWN_FAILURE = outcome("known-failure", "needs a product (variant, prepared model) that already failed to build; no child ran, no budget used")
+INTERRUPTED = outcome("interrupted", "the run was stopped (Ctrl-C, SIGTERM) while the trial ran", "requeued")
 LOST = outcome("lost", "the trial's worker vanished; a live worker reaped it", "requeued")
 
 
