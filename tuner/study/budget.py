@@ -35,13 +35,13 @@ class Counts:
         return self.complete + self.pruned + self.running + self.fail - self.uncounted_fail - self.known_failures
 
     def exhausted(self, budget: int) -> bool:
-        """Whether no budget is left (or the free known failures reached the budget too)."""
-        return self.counted >= budget or self.known_failures >= budget
+        """Whether no budget is left; known failures beyond the first `budget` of them count too."""
+        return self.counted + max(0, self.known_failures - budget) >= budget
 
     @property
     def finished(self) -> int:
         """Trials that finished and count."""
-        return self.complete + self.pruned + self.fail - self.uncounted_fail
+        return self.complete + self.pruned + self.fail - self.uncounted_fail - self.known_failures
 
 
 def count_trials(url: str, study_id: int) -> Counts:

@@ -137,6 +137,7 @@ def prepare(ctx: Context) -> optuna.Study:
             for key, value in ctx.backend.study_attrs(ctx.model_info).items():
                 study.set_user_attr(key, value)
         study.enqueue_trial(ctx.space.default_route(), user_attrs={"source": "baseline"}, skip_if_exists=True)
-        for route in seeds:  # the compiler's own recommendation, right after the baseline
+        room = ctx.spec.run.budget - len(study.get_trials(deepcopy=False))  # never leave a seed waiting past the budget
+        for route in seeds[:max(0, room)]:  # the compiler's own recommendation, right after the baseline
             study.enqueue_trial(route, user_attrs={"source": "recommended"}, skip_if_exists=True)
     return study
