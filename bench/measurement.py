@@ -10,7 +10,9 @@ Recorded per configuration:
   speedup of the best confirmed trial, else of the best paired trial; before: baseline value / best
   value) against the confirmation's estimate for the same trial; `agreement` = study / confirmation;
 - the between-round CV of the confirmation winner's round medians;
-- cost: the timing phase's seconds per trial and their share of trial wall time (cache hits excluded);
+- cost: the timing phase's seconds per trial (this code: lock wait, baseline load, warm-up and
+  measurement; the lock wait and the warm-up + measurement also apart) and their share of trial
+  wall time (cache hits and never-timed trials excluded);
 - the machine: CPU count, load average before and after, the measurement records' load averages.
 
 Writes bench/results/measurement.json (merging into an existing file: one key per configuration).
@@ -139,13 +141,19 @@ with engine.connect() as db:
     loads = [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in db.execute(
         text("SELECT timing_info FROM tuner_measurements WHERE study = :s AND kind = 'trial'"), {"s": name})]
 medians = [r["median"] for r in rounds]
-timing, walls = [], []
+timing, walls, waits, measuring = [], [], [], []
 for t in trials:
     if not t.state.is_finished() or t.user_attrs.get("cache_hit") or "trial_wall_s" not in t.user_attrs:
         continue
     phases = t.user_attrs.get("phase_s") or (cached.get(t.number) or {}).get("phase_s") or {}
-    timing.append(float(phases.get("time", 0.0)))
+    if "time" not in phases:
+        continue  # never timed (gate failure, build error)
+    timing.append(float(phases["time"]))
     walls.append(float(t.user_attrs["trial_wall_s"]))
+    info = t.user_attrs.get("timing") or {}
+    if "lock_wait_s" in info:
+        waits.append(float(info["lock_wait_s"]))
+        measuring.append(float(info.get("seconds", 0.0)) + sum(float(w.get("seconds", 0.0)) for w in (info.get("warmup") or {}).values()))
 headline = next((r for r in rows if best is not None and r["trial"] == best.number), None)
 print(json.dumps({
     "baseline_ms": base.value, "best_trial": best.number if best else None, "best_confirmed_in_study": bool(confirmed),
@@ -157,6 +165,8 @@ print(json.dumps({
     "timing_s_per_trial_median": statistics.median(timing) if timing else None, "timing_s_total": sum(timing),
     "trial_wall_s_median": statistics.median(walls) if walls else None,
     "timing_share_of_wall": sum(timing) / sum(walls) if walls else None, "trials_timed": len(timing),
+    "lock_wait_s_median": statistics.median(waits) if waits else None,
+    "warmup_and_measuring_s_median": statistics.median(measuring) if measuring else None,
     "slow_pruned": sum(1 for t in trials if t.user_attrs.get("failure_class") == "slow"),
     "races": {k: {kk: v.get(kk) for kk in ("speedup_refined", "speedup_refined_ci", "remeasured", "confirmed")} for k, v in racing.items()},
     "exclusive_timings": sum(1 for i in loads if i.get("exclusive")), "measurements": len(loads),
@@ -194,6 +204,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=16)
     p.add_argument("--before", default=None, help="git revision whose code is measured too (the 'before' figures)")
     p.add_argument("--before-workers", type=int, nargs="+", default=[1])
+    p.add_argument("--before-trials", type=int, default=None, help="budget of the 'before' runs (default: --trials)")
     p.add_argument("--admin", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--h200", type=Path, default=None, help="fold this H200 agreement run into the document and stop")
@@ -209,14 +220,14 @@ def main() -> None:
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="tuner-measure-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        plan: list[tuple[Path, str, int]] = []
+        plan: list[tuple[Path, str, int, int]] = []
         if args.before:
             before = unpack(args.before, tmp / "before-code")
-            plan += [(before, f"before-{args.before}", w) for w in args.before_workers]
-        plan += [(REPO, f"after-{head}", w) for w in args.workers]
-        for code, label, workers in plan:
-            print(f"== {label}, {workers} worker(s), {args.trials} trials", flush=True)
-            result = run_config(code, label, workers, args.trials, args.admin, tmp)
+            plan += [(before, f"before-{args.before}", w, args.before_trials or args.trials) for w in args.before_workers]
+        plan = [(REPO, f"after-{head}", w, args.trials) for w in args.workers] + plan
+        for code, label, workers, trials in plan:
+            print(f"== {label}, {workers} worker(s), {trials} trials", flush=True)
+            result = run_config(code, label, workers, trials, args.admin, tmp)
             doc["configs"][f"{label.split('-')[0]}-{workers}w"] = {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")

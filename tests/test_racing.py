@@ -17,6 +17,8 @@ from tests.conftest import REPO, SpecWriter, tuner
 from tests.helpers import trials as read_trials
 from tests.test_exclusive import wait_blocked
 from tuner import job as J
+from tuner.store.cache import ResultStore
+from tuner.store.urls import normalize_url
 from tuner.study import racing as R
 from tuner.study.outcome import judge
 from tuner.worker.timing import BaselineGate
@@ -86,14 +88,14 @@ def test_a_trial_waits_for_the_baseline_gate_and_wakes_when_it_is_published(tmp_
 
 
 def test_a_two_worker_study_pairs_every_candidate_with_the_baseline(write_spec: SpecWriter, pg_url: str) -> None:
-    spec = write_spec(**{"run.budget": 5, "run.workers": 2})
+    spec = write_spec(**{"run.budget": 5, "run.workers": 2, "backend.name": "tests.backends:SameEngineBackend"})  # feasible routes to race
     run = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
     assert run.returncode == 0, run.stderr[-3000:]
     trials = sorted(read_trials(pg_url, "tiny"), key=lambda t: t.number)
     base = trials[0]
     assert base.user_attrs["source"] == "baseline" and base.state == TrialState.COMPLETE
     assert base.user_attrs["speedup_paired"] == 1.0 and not base.user_attrs["paired"]
-    timed = [t for t in trials[1:] if t.user_attrs.get("timing_stop")]
+    timed = [t for t in trials[1:] if t.user_attrs.get("timing_stop") and not t.user_attrs.get("cache_hit")]  # a hit may be trial 0's own result
     assert timed, [t.user_attrs.get("failure_class") for t in trials]
     for t in timed:
         a = t.user_attrs
@@ -109,3 +111,13 @@ def test_a_two_worker_study_pairs_every_candidate_with_the_baseline(write_spec: 
             assert t.intermediate_values  # the running paired estimate, for the sampler
         if t.datetime_start < base.datetime_complete:  # started while the baseline was still being evaluated
             assert "baseline_wait_s" in a["timing"], a["timing"]
+    study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
+    raced = R.races(study)
+    ranked = R.standings(trials, raced)
+    assert ranked, "no feasible paired candidate to race"
+    entry = raced[str(ranked[0].number)]  # the leader at the end was re-measured (paired, from its stored artifact), every measurement kept
+    assert entry["remeasured"] >= 1 and entry["claim"] is None
+    low, high = entry["speedup_refined_ci"]
+    assert low <= entry["speedup_refined"] <= high
+    kept = [m for m in ResultStore(normalize_url(pg_url)).measurements("tiny", kind="race") if m.trial_number == ranked[0].number]
+    assert len(kept) == entry["remeasured"] and all(m.stats["paired"]["log_ratios"] for m in kept)
