@@ -198,6 +198,46 @@ def h200_summary(run: dict[str, Any], source: str) -> dict[str, Any]:
     }
 
 
+def _x(v: Any) -> str:
+    return f"{v:.2f}x" if isinstance(v, int | float) else "-"
+
+
+def _pct(v: Any) -> str:
+    return f"{v:.1%}" if isinstance(v, int | float) else "-"
+
+
+def _diff(v: Any) -> str:
+    return f"{v - 1:+.1%}" if isinstance(v, int | float) else "-"
+
+
+def _s(v: Any) -> str:
+    return f"{v:.1f} s" if isinstance(v, int | float) else "-"
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The README's Markdown table of the document's figures."""
+    lines = ["| run | study speedup (best) | side by side (confirmation) | study / side by side | winner's between-round CV | "
+             "timing per trial (median) | lock wait, warm-up + measuring (median) | timing share of trial wall | load average (1 min) during trials |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key, c in doc.get("configs", {}).items():
+        loads = c.get("trial_loadavg_1min") or []
+        load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else f"{c.get('load_before', ['-'])[0]}-{c.get('load_after', ['-'])[0]}"
+        parts = (c.get("lock_wait_s_median"), c.get("warmup_and_measuring_s_median"))
+        lines.append(f"| {key}, {c.get('trials')} trials | {_x(c.get('study_speedup'))} | {_x(c.get('confirm_speedup_same_trial'))} | "
+                     f"{_diff(c.get('agreement'))} | {_pct(c.get('winner_between_round_cv'))} | {_s(c.get('timing_s_per_trial_median'))} | "
+                     f"{_s(parts[0]) if parts[0] is not None else '-'}, {_s(parts[1]) if parts[1] is not None else '-'} | "
+                     f"{_pct(c.get('timing_share_of_wall'))} | {load} |")
+    h = doc.get("h200")
+    if h:
+        a = h.get("agreement") or {}
+        w = h.get("winner_trial_timing") or {}
+        lines.append(f"| H200 Inductor, 1 GPU, 2 trials | {_x(a.get('study_speedup'))} | {_x(a.get('side_by_side_rounds_speedup'))} rounds, "
+                     f"{_x(a.get('side_by_side_paired_speedup'))} paired | {_diff(a.get('study_vs_rounds'))} | {_pct(a.get('winner_between_round_cv'))} "
+                     f"(paired interval ±{_pct(w.get('halfwidth'))}) | {_s((h.get('winner_phase_s') or {}).get('time'))} | "
+                     f"{_s(w.get('lock_wait_s'))}, {_s(w.get('seconds'))} | - | {w.get('loadavg_before', ['-'])[0]} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
@@ -208,7 +248,11 @@ def main() -> None:
     p.add_argument("--admin", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--h200", type=Path, default=None, help="fold this H200 agreement run into the document and stop")
+    p.add_argument("--table", action="store_true", help="print the README table of --out and stop")
     args = p.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     doc.setdefault("benchmark", "measurement")
     doc.setdefault("configs", {})
