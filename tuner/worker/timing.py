@@ -117,8 +117,12 @@ def _baseline(job: J.Job, backend: Backend, ctx: BuildContext, stack: ExitStack,
                             else "no baseline engine to pair with (timed alone)")
         return None
     t0 = time.perf_counter()
-    with DeviceLock(HOST).shared():
-        runner = stack.enter_context(backend.load(Artifact(Path(base["path"]), 0.0), dict(base["route"]), ctx))
+    try:
+        with DeviceLock(HOST).shared():
+            runner = stack.enter_context(backend.load(Artifact(Path(base["path"]), 0.0), dict(base["route"]), ctx))
+    except Exception as exc:  # the baseline's trouble is not this candidate's failure: time it alone, and say why
+        info["unpaired"] = f"the baseline engine did not load: {type(exc).__name__}: {exc}"[:300]
+        return None
     info.update(baseline_trial=base.get("trial"), baseline_load_s=round(time.perf_counter() - t0, 4))
     return runner
 
