@@ -121,3 +121,20 @@ def test_a_two_worker_study_pairs_every_candidate_with_the_baseline(write_spec: 
     assert low <= entry["speedup_refined"] <= high
     kept = [m for m in ResultStore(normalize_url(pg_url)).measurements("tiny", kind="race") if m.trial_number == ranked[0].number]
     assert len(kept) == entry["remeasured"] and all(m.stats["paired"]["log_ratios"] for m in kept)
+
+
+def test_a_baseline_that_does_not_load_leaves_the_candidate_timed_alone(write_spec: SpecWriter, tmp_path: Path) -> None:
+    from tuner.spec import load_spec
+    from tuner.study.setup import Context
+    from tuner.worker.isolate import run_isolated
+    from tuner.worker.loop import make_job
+
+    ctx = Context(load_spec(write_spec()), f"sqlite:///{tmp_path / 'x.db'}")
+    broken = tmp_path / "baseline.onnx"
+    broken.write_bytes(b"not an onnx model")
+    route = ctx.space.default_route()
+    job = make_job(ctx, route, tmp_path / "t" / "out", baseline={"trial": 0, "path": str(broken), "sha256": "x", "route": route})
+    res = run_isolated(job, tmp_path / "t")
+    assert res.status == J.OK, res.message
+    assert res.paired["paired"] is False and res.paired["unpaired"].startswith("the baseline engine did not load")
+    assert res.latency and res.samples_ms
