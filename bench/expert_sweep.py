@@ -118,7 +118,7 @@ def tuner_winner(spec_path: Path, budget: int, storage: str) -> tuple[dict[str, 
     subprocess.run(run, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     spec = load_spec(spec_path)
     ctx = Context(spec, storage)
-    doc = best_document(ctx)
+    doc = best_document(ctx)[0]
     doc["study_wall_s"] = round(time.time() - t0, 1)
     record = ResultStore(ctx.url).artifact(doc["artifact_sha256"])
     runner = ctx.backend.load(Artifact(Path(record.path), 0.0), doc["route"], None)
@@ -144,7 +144,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--storage", default=None, help="default: a SQLite file beside the study's work dir")
+    p.add_argument("--table", action="store_true", help="only print the README table of the recorded results")
     args = p.parse_args()
+    if args.table:
+        print(table(json.loads(OUT.read_text())))
+        return
     spec_path = Path(args.spec).resolve()
     spec = load_spec(spec_path)
     storage = args.storage or f"sqlite:///{spec.work_dir / 'expert-sweep.db'}"
@@ -200,7 +204,8 @@ def main() -> None:
         "rounds": args.rounds, "calls_per_block": args.calls, "onnxruntime": ort.__version__,
         "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "cpu": _cpu(), "tuner": {"budget": args.budget, "trial": doc["trial"], "route": doc["route"], "verdict": doc.get("verdict"),
-                                 "confirmation": (doc.get("confirmation") or {}).get("message"), "study_wall_s": doc["study_wall_s"]},
+                                 "confirmed_speedup": doc.get("speedup"), "confirmed_ci": doc.get("speedup_ci"), "headline": doc.get("headline"),
+                                 "study_wall_s": doc["study_wall_s"]},
         "recipes": rows, "best_feasible_recipe": best_recipe["recipe"] if best_recipe else None,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -211,6 +216,20 @@ def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(merged, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The README table: every study's recipes, speedup over the default with its interval, accuracy."""
+    lines = ["| model | recipe | median ms | speedup vs default (95% CI) | accuracy (metric ≤ tolerance) |", "|---|---|---|---|---|"]
+    for r in doc["studies"].values():
+        for row in r["recipes"]:
+            if "error" in row:
+                lines.append(f"| {r['model']} | {row['recipe']} | - | failed: {row['error'][:60]} | - |")
+                continue
+            sp = f"{row['speedup']:.2f}x ({row['ci95'][0]:.2f}–{row['ci95'][1]:.2f})" if "speedup" in row else "1.00x"
+            ok = "ok" if row.get("feasible") else "**breaks tolerance**"
+            lines.append(f"| {r['model']} | {row['recipe']} | {row['median_ms']:.2f} | {sp} | {row.get('accuracy', 0):.4g} ≤ {r['tolerance']:g}: {ok} |")
+    return "\n".join(lines)
 
 
 def _cpu() -> dict[str, Any]:

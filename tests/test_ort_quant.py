@@ -172,6 +172,8 @@ def test_opset12_study_builds_int8_and_shows_its_preparation(write_spec, sqlite_
     shown = tuner("space", str(spec))
     assert shown.returncode == 0, shown.stderr
     assert "opset: done opset 12 -> 13" in shown.stdout and "initializers: done" in shown.stdout
+    s = status(tuner("status", str(spec), "--storage", sqlite_url, "--json"))
+    assert s["repeated_failures_share"] <= 0.1
 
 
 def test_a_failed_variant_is_learned_once_and_costs_no_budget(write_spec, pg_url, tmp_path: Path) -> None:
