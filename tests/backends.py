@@ -6,7 +6,9 @@ isolation, leases and the cache are exercised by real processes and real signals
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import time
 from dataclasses import replace
@@ -40,12 +42,20 @@ def _block(marker_dir: Path, index: int) -> None:
         time.sleep(0.05)
 
 
+def _announce(marker_dir: Path, name: str) -> None:
+    """Write `name` (atomically) holding this process's pid and its parent's, space-separated."""
+    (marker_dir / f"{name}.tmp").write_text(f"{os.getpid()} {os.getppid()}")
+    (marker_dir / f"{name}.tmp").replace(marker_dir / name)
+
+
 class FaultBackend(OnnxRuntimeBackend):
     """ONNX Runtime with scripted faults per build number.
 
     backend.options:
       marker_dir: where builds are counted (`build-NNNN` files) and blocks are announced;
-      faults: a table {build index (as a string): "segfault" | "hang" | "block" | "error"}.
+      faults: a table {build index (as a string): "segfault" | "hang" | "block" | "error" | "enospc" |
+        "orphan" (announce `orphan-<index>` with the pids, then hang without watching the worker) |
+        "outside" (report an artifact outside the out dir)}.
     """
 
     name = "fault"
@@ -65,7 +75,18 @@ class FaultBackend(OnnxRuntimeBackend):
             _block(marker_dir, index)
         elif fault == "error":
             raise RuntimeError("scripted build failure")
-        return super().build(route, ctx)
+        elif fault == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(ctx.out_dir))
+        elif fault == "orphan":
+            _announce(marker_dir, f"orphan-{index}")
+            while True:
+                time.sleep(1)
+        artifact = super().build(route, ctx)
+        if fault == "outside":
+            outside = marker_dir / f"outside-{index}{artifact.path.suffix}"
+            shutil.copyfile(artifact.path, outside)
+            return replace(artifact, path=outside)
+        return artifact
 
 
 class SameEngineBackend(OnnxRuntimeBackend):

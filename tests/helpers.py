@@ -18,11 +18,11 @@ from tuner.store.urls import normalize_url
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start_tuner(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    """Start `tuner ARGS` in the background, output to `log`."""
+def start_tuner(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `tuner ARGS` in the background, output to `log` (`env` adds to or overrides the environment)."""
     with open(log, "wb") as f:
         return subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=REPO)
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen[bytes] | None = None, limit_s: float = 120) -> None:

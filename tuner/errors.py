@@ -33,3 +33,9 @@ class TrialFailure(Exception):
     """
 
     failure_class: ClassVar[str] = J.BUILD_ERROR
+
+
+class EnvironmentFailure(TrialFailure):
+    """The machine, not the route, failed (disk full, out of memory, device busy): never cached, run again."""
+
+    failure_class: ClassVar[str] = J.ENVIRONMENT_ERROR

@@ -17,7 +17,7 @@ class Outcome:
 
     `tally` says where `tuner status` counts it: "complete" (timed: COMPLETE in Optuna),
     "pruned" (failed the accuracy gate: PRUNED), "failed" (the route failed to build or run:
-    PRUNED, counted in the budget) or "requeued" (interrupted or lost: FAIL, not counted, re-queued).
+    PRUNED, counted in the budget) or "requeued" (interrupted, lost or environment-error: FAIL, not counted, re-queued).
     `deterministic` outcomes depend only on the cache key, so a stored result may be reused.
     """
 
@@ -51,12 +51,14 @@ INVALID_ROUTE = outcome("invalid-route", "the route breaks a rule of the search 
 UNKNOWN_SWITCH = outcome("unknown-switch", "Inductor: a configuration name or value the installed torch does not accept")
 ROUTE_REJECTED = outcome("route-rejected", "TensorRT did not take the build route as given; nothing was built")
 TIMEOUT = outcome("timeout", "the trial ran past its wall-clock limit; its process group was killed")
-CRASH_SIGNAL = outcome("crash-signal", "the trial's child died of a signal (segfault, OOM kill)")
+CRASH_SIGNAL = outcome("crash-signal", "the trial's child died of a signal (segfault, abort); SIGKILL is an environment error")
 CRASH_EXIT = outcome("crash-exit", "the trial's child exited without a result")
 SLOW = outcome("slow", "stopped during timing: its paired speedup interval already lay below the incumbent's", "pruned")
 KNOWN_FAILURE = outcome("known-failure", "needs a product (variant, prepared model) that already failed to build; no child ran, no budget used")
 INTERRUPTED = outcome("interrupted", "the run was stopped (Ctrl-C, SIGTERM) while the trial ran", "requeued")
 LOST = outcome("lost", "the trial's worker vanished; a live worker reaped it", "requeued")
+ENVIRONMENT_ERROR = outcome("environment-error", "the machine, not the route: disk full, out of memory (SIGKILL), device busy; "
+                            "run again up to 3 times, never cached, then re-queued while the worker pauses", "requeued")
 
 
 def outcomes(tally: str) -> frozenset[str]:

@@ -16,6 +16,7 @@ from rich.table import Table
 from tuner.backends.base import Backend
 from tuner.cli.common import JsonOpt, SpecArg, StorageOpt, console, context, err_console, fmt_ms
 from tuner.errors import TunerError
+from tuner.measure.inputs import file_hash
 from tuner.store.cache import ResultStore
 from tuner.study.outcome import is_feasible
 from tuner.study.verdict import SPEEDUP, UNCONFIRMED, Estimate, Headline, study_headline
@@ -130,7 +131,14 @@ def _export(ctx: Any, doc: dict[str, Any], choice: tuple[FrozenTrial, str], out:
         raise TunerError(f"the artifact of trial {trial.number} is not in this machine's work dir ({ctx.work_dir}); export it where the study ran")
     out.mkdir(parents=True, exist_ok=True)
     artifact = out / f"engine{Path(record.path).suffix}"
-    shutil.copyfile(record.path, artifact)
+    partial = artifact.with_name(artifact.name + ".partial")
+    shutil.copyfile(record.path, partial)
+    found = file_hash(partial)  # the copy is what is checked: nothing can change between check and copy
+    if found != sha:
+        partial.unlink()
+        raise TunerError(f"{record.path}: the artifact of trial {trial.number} has changed since it was recorded "
+                         f"(sha256 {found[:12]}, expected {sha[:12]}); not exported, rebuild it with `tuner build`")
+    partial.replace(artifact)
     exported = {"trial": trial.number, "route": trial.params, "artifact_sha256": sha, "value": trial.value, "reason": reason}
     (out / "route.json").write_text(json.dumps(trial.params, indent=2, sort_keys=True) + "\n")
     (out / "best.json").write_text(json.dumps({**doc, "exported": exported}, indent=2) + "\n")

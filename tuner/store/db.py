@@ -7,6 +7,9 @@ import fcntl
 import functools
 import hashlib
 import logging
+import math
+import threading
+import time
 from collections.abc import Callable, Iterator
 from functools import cache
 from importlib import resources
@@ -16,7 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError, SQLAlchemyError
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_delay, stop_never, wait_exponential
 
 from tuner.errors import TunerError
 from tuner.store.urls import mask_url, scrub
@@ -33,12 +36,65 @@ def is_db_fault(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | DBAPIError | optuna.exceptions.StorageInternalError | InvalidatePoolError)
 
 
-def db_retry(max_wait_s: float = 300.0) -> Retrying:
-    """Retry a database operation with exponential backoff while the database is away."""
-    return Retrying(
-        retry=retry_if_exception(is_db_fault), wait=wait_exponential(multiplier=0.5, max=10),
-        stop=stop_after_delay(max_wait_s), reraise=True,
-        before_sleep=lambda rs: log.warning("database unavailable (%s); retrying", type(rs.outcome.exception()).__name__),
+RETRY_CAP_S = 10.0  # the longest wait between two attempts while the database is away
+
+
+class Outage:
+    """This process's view of the database connection, so an outage is announced once and its end too.
+
+    Thread-safe (the heartbeat thread reports too); never used from a signal handler.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: float | None = None  # monotonic time of the first failure of the current outage
+        self.ended_at = -math.inf  # monotonic time the last outage ended
+
+    def failed(self, exc: BaseException | None) -> None:
+        """An operation failed because the database is away."""
+        with self._lock:
+            if self.since is None:
+                self.since = time.monotonic()
+                log.warning("database unreachable (%s); waiting for it, however long, retrying every <= %g s",
+                            type(exc).__name__, RETRY_CAP_S)
+
+    def recovered(self) -> None:
+        """An operation succeeded: if an outage was on, it is over."""
+        with self._lock:
+            if self.since is not None:
+                log.warning("database back after %.0f s; carrying on", time.monotonic() - self.since)
+                self.since = None
+                self.ended_at = time.monotonic()
+
+    def recent(self, window_s: float) -> bool:
+        """Whether an outage is on or ended less than `window_s` ago (others' heartbeats may still be stale)."""
+        with self._lock:
+            return self.since is not None or time.monotonic() - self.ended_at < window_s
+
+
+OUTAGE = Outage()
+STOP = threading.Event()  # set by a worker's stop handler: waiting for the database ends, the last error is raised
+
+
+class _Retrying(Retrying):
+    """Retrying that reports the end of an outage once the retried block succeeds."""
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from super().__iter__()
+        OUTAGE.recovered()
+
+
+def db_retry(max_wait_s: float | None = None) -> Retrying:
+    """Retry a database operation with capped exponential backoff while the database is away.
+
+    By default it waits out an outage of any length (one status line when it starts, one when it
+    ends); `max_wait_s` bounds the wait, and `STOP` ends it (the last error is re-raised).
+    """
+    stop: Any = stop_never if max_wait_s is None else stop_after_delay(max_wait_s)
+    return _Retrying(
+        retry=retry_if_exception(is_db_fault), wait=wait_exponential(multiplier=0.5, max=RETRY_CAP_S),
+        stop=stop | (lambda rs: STOP.is_set()), reraise=True, sleep=STOP.wait,
+        before_sleep=lambda rs: OUTAGE.failed(rs.outcome.exception() if rs.outcome else None),
     )
 
 
@@ -49,8 +105,8 @@ def retried(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         for attempt in db_retry():
             with attempt:
-                return fn(*args, **kwargs)
-        raise AssertionError("unreachable")
+                value = fn(*args, **kwargs)
+        return value
 
     return wrapper  # type: ignore[return-value]
 

@@ -56,12 +56,15 @@ class Leases:
             s.execute(update(Lease).where(Lease.trial_id == trial_id).values(state="done"))
 
     @retried
-    def expired(self, running_trial_ids: list[int], started_at: dict[int, float], grace_s: float) -> list[int]:
+    def expired(self, running_trial_ids: list[int], started_at: dict[int, float], grace_s: float,
+                trust_heartbeats: bool = True) -> list[int]:
         """Which of the RUNNING trials have lost their owner.
 
         A lease is expired when its heartbeat is older than `grace_s` by the database clock, or its
         owner is a dead process on this host. A RUNNING trial with no lease at all (its worker died
-        between asking and leasing) is expired once it is older than `grace_s`.
+        between asking and leasing) is expired once it is older than `grace_s`. With
+        `trust_heartbeats` off (just after a database outage, when every heartbeat is stale) only
+        dead owners count.
         """
         if not running_trial_ids:
             return []
@@ -72,9 +75,10 @@ class Leases:
         for tid in running_trial_ids:
             lease = rows.get(tid)
             if lease is None:
-                if now - started_at.get(tid, now) > grace_s:
+                if trust_heartbeats and now - started_at.get(tid, now) > grace_s:
                     lost.append(tid)
-            elif lease.state == "running" and (now - lease.heartbeat_at > grace_s or (lease.host == HOST and not _alive(lease.pid))):
+            elif lease.state == "running" and ((trust_heartbeats and now - lease.heartbeat_at > grace_s)
+                                               or (lease.host == HOST and not _alive(lease.pid))):
                 lost.append(tid)
         return lost
 

@@ -4,10 +4,15 @@ Run as `python -m tuner.worker.child JOB.json RESULT.json`. Whatever happens ins
 native compiler, a hang, an out-of-memory kill) ends this process only; the worker classifies it.
 The current phase is written to RESULT.json.phase before each step so a crash can be attributed.
 Each phase is one function below; `run_job` strings them together and classifies what they raise.
+The child dies with its worker (`PR_SET_PDEATHSIG`) and ends itself at its own deadline (SIGALRM,
+whose default action ends the process even inside native code), a little after the worker's.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import signal
 import sys
 import time
 import traceback
@@ -22,7 +27,11 @@ from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.reference import load_reference
 from tuner.measure.exclusive import HOST, DeviceLock
 from tuner import job as J
+from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
+from tuner.worker.lifeline import die_with_parent
 from tuner.worker.timing import time_trial
+
+DEADLINE_MARGIN_S = 5.0  # the worker kills at timeout_s; the child's own alarm is the backstop
 
 @dataclass
 class Trial:
@@ -134,22 +143,35 @@ def run_job(job: J.Job, result_path: Path) -> J.Result:
                 if res.status != J.SLOW:
                     with cores.shared():
                         accuracy_phase(t, runner, gate_out)
-    except TrialFailure as exc:  # the route's own failure, with the class its type carries
-        res.status, res.message = exc.failure_class, str(exc)
-    except Exception as exc:  # any other error in build/run is this route's failure, with its class name
-        res.status = J.BUILD_ERROR if res.phase == "build" else J.RUNTIME_ERROR
-        res.message = f"{type(exc).__name__}: {exc}"
-        t.log.append(traceback.format_exc())
+    except Exception as exc:
+        fault = environment_fault(exc)
+        if fault is not None:  # disk full, out of memory, device busy: the machine's state, never cached
+            res.status, res.message = J.ENVIRONMENT_ERROR, fault
+        elif isinstance(exc, TrialFailure):  # the route's own failure, with the class its type carries
+            res.status, res.message = exc.failure_class, str(exc)
+        else:  # any other error in build/run is this route's failure, with its class name
+            res.status = J.BUILD_ERROR if res.phase == "build" else J.RUNTIME_ERROR
+            res.message = f"{type(exc).__name__}: {exc}"
+        if fault is not None or not isinstance(exc, TrialFailure):
+            t.log.append(traceback.format_exc())
     return t.finish()
 
 
 def main(argv: list[str]) -> int:
     """Entry point: run the job and write the final result."""
+    die_with_parent(signal.SIGKILL)
     job_path, result_path = Path(argv[0]), Path(argv[1])
-    res = run_job(J.Job.read(job_path), result_path)
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(res.to_json())
-    tmp.replace(result_path)
+    job = J.Job.read(job_path)
+    signal.alarm(math.ceil(job.timeout_s + DEADLINE_MARGIN_S))
+    try:
+        res = run_job(job, result_path)
+        tmp = result_path.with_suffix(".tmp")
+        tmp.write_text(res.to_json())
+        tmp.replace(result_path)
+    except (OSError, MemoryError) as exc:
+        if environment_fault(exc) is None:
+            raise
+        os._exit(EXIT_ENVIRONMENT)  # no flushing: the log is likely on the same full disk
     return 0
 
 

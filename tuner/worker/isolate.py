@@ -1,4 +1,8 @@
-"""Run a job in a fresh child process with a wall-clock timeout and classify how it ended."""
+"""Run a job in a fresh child process with a wall-clock timeout and classify how it ended.
+
+The child is tied to this process (`PR_SET_PDEATHSIG`, see `tuner.worker.lifeline`) and carries its
+own deadline, so it never outlives a worker killed with SIGKILL and never hangs on as an orphan.
+"""
 
 from __future__ import annotations
 
@@ -6,62 +10,96 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from tuner import job as J
+from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
+from tuner.worker.lifeline import PARENT_ENV
+
+# Variables a trial's child must not inherit (it never talks to the database).
+PRIVATE_ENV = ("TUNER_STORAGE",)
 
 
 class ChildHandle:
-    """The running child, so a signal handler can kill it (and its process group)."""
+    """The running child, so a signal handler can kill it (and its process group).
+
+    Lock-free on purpose: the handler runs in the main thread, possibly while that thread is inside
+    `Popen`; it sets `killed` and kills what is there, and `run_isolated` kills a child that started
+    after the flag was set.
+    """
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
-        self.lock = threading.Lock()
+        self.killed = False
 
     def kill(self) -> None:
-        """Kill the child's whole process group, if one is running."""
-        with self.lock:
-            if self.proc is not None and self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        """Kill the child's whole process group, if one is running, and any child started later."""
+        self.killed = True
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            _killpg(proc.pid)
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a trial's child: ours, without credentials, plus `extra` and our pid."""
+    env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+    return {**env, **(extra or {}), PARENT_ENV: str(os.getpid())}
 
 
 def run_isolated(job: J.Job, trial_dir: Path, handle: ChildHandle | None = None, env: dict[str, str] | None = None) -> J.Result:
     """Run `job` in `python -m tuner.worker.child` and return its result, whatever happened to it."""
-    trial_dir.mkdir(parents=True, exist_ok=True)
     job_path, result_path, log_path = trial_dir / "job.json", trial_dir / "result.json", trial_dir / "child.log"
-    result_path.unlink(missing_ok=True)
-    job.write(job_path)
     handle = handle or ChildHandle()
-    with open(log_path, "wb") as log:
-        with handle.lock:
-            handle.proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.worker.child", str(job_path), str(result_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env={**os.environ, **(env or {})},
-            )
-        proc = handle.proc
+    try:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        result_path.unlink(missing_ok=True)
+        job.write(job_path)
+        log = open(log_path, "wb")
+    except OSError as exc:
+        fault = environment_fault(exc)
+        if fault is None:
+            raise
+        return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=f"could not prepare {trial_dir}: {fault}")
+    with log:
+        handle.proc = proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.worker.child", str(job_path), str(result_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=child_env(env),
+        )
+        if handle.killed:  # a stop arrived while the child was being started
+            _killpg(proc.pid)
         timed_out = False
         try:
             rc = proc.wait(timeout=job.timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            handle.kill()
+            _killpg(proc.pid)
             rc = proc.wait()
-    res = _read(result_path)
-    tail = _tail(log_path)
+    return classify(rc, timed_out, handle.killed, job.timeout_s, _read(result_path), _tail(log_path))
+
+
+def classify(rc: int, timed_out: bool, stopped: bool, timeout_s: float, res: J.Result, tail: str) -> J.Result:
+    """The result, given how the child ended (`rc`) and what it wrote."""
+    during = res.phase or "start-up"
     if timed_out:
-        res.status, res.message = J.TIMEOUT, f"no result after {job.timeout_s:g} s (during {res.phase or 'start-up'}); child killed"
+        res.status, res.message = J.TIMEOUT, f"no result after {timeout_s:g} s (during {during}); child killed"
+    elif rc == -signal.SIGKILL and not stopped:
+        res.status, res.message = J.ENVIRONMENT_ERROR, f"child killed by SIGKILL during {during} (out of memory, or from outside)"
     elif rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
-        hint = " (killed: out of memory, or by a signal from outside)" if -rc == signal.SIGKILL else ""
-        res.status, res.message = J.CRASH_SIGNAL, f"child died of {name} during {res.phase or 'start-up'}{hint}"
+        res.status, res.message = J.CRASH_SIGNAL, f"child died of {name} during {during}"
+    elif rc == EXIT_ENVIRONMENT:
+        res.status, res.message = J.ENVIRONMENT_ERROR, f"child could not write its result during {during} (disk full?)"
     elif rc != 0 or res.status == J.CRASH_EXIT:
         res.status = J.CRASH_EXIT
-        res.message = f"child exited with status {rc} during {res.phase or 'start-up'}: {tail[-300:]}"
+        res.message = f"child exited with status {rc} during {during}: {tail[-300:]}"
     res.log = (res.log + "\n" + tail).strip()[-20000:]
     return res
 

@@ -1,8 +1,11 @@
 """One worker: reap lost trials, reserve a budget slot and ask, evaluate in a child, tell; repeat.
 
-The worker survives database faults (retried with backoff), child crashes (recorded with a failure
-class) and stops cleanly on SIGTERM/SIGINT: the trial in flight is marked FAIL/interrupted and its
-route re-queued, so nothing is left RUNNING and nothing half-done is trusted.
+The worker waits out database outages of any length (one status line, capped backoff; a finished
+child's result is kept and recorded when the database returns), survives child crashes (recorded
+with a failure class), retries environment errors (disk full, out of memory, device busy) a few
+times and pauses on a burst of them instead of spending budget, and stops cleanly on SIGTERM/SIGINT:
+the trial in flight is marked FAIL/interrupted and its route re-queued, so nothing is left RUNNING
+and nothing half-done is trusted.
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import signal
 import threading
 import time
 from contextlib import ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner.store.cache import ResultStore, cache_key
-from tuner.store.db import db_retry, study_lock
+from tuner.measure.inputs import file_hash
+from tuner.store.db import OUTAGE, STOP, db_retry, is_db_fault, study_lock
 from tuner.store.leases import Leases, Owner
 from tuner.study import optuna_adapter as oa
 from tuner.study import outcome, racing
@@ -31,23 +36,30 @@ from tuner.study.note import update_note
 from tuner.study.sampler import make_sampler
 from tuner.study.setup import Context
 from tuner import job as J
+from tuner.worker.environment import environment_fault
 from tuner.worker.isolate import ChildHandle, run_isolated
 from tuner.worker.race import Racer
 from tuner.worker.timing import BaselineGate
 
 log = logging.getLogger("tuner.worker")
+T = TypeVar("T")
+
+ENV_ATTEMPTS = 3  # runs of one trial's child before an environment error is given up on (and re-queued)
+ENV_BACKOFF_S = 2.0  # wait before the second run; doubled for each further one
+ENV_REQUEUES = 2  # times a route is re-queued after environment errors before it is given up
+PAUSE_CAP_S = 120.0  # the longest pause of a worker that keeps meeting environment errors
 
 
 @dataclass
 class Stop:
     """Set by a signal handler: finish up and exit."""
 
-    event: threading.Event = field(default_factory=threading.Event)
+    event: threading.Event = field(default_factory=lambda: STOP)  # the process's stop: it also ends database waits
     child: ChildHandle = field(default_factory=ChildHandle)
 
     def install(self) -> None:
         """Convert SIGTERM and SIGINT into a clean stop that kills the running child."""
-        def handler(signum: int, frame: Any) -> None:
+        def handler(signum: int, frame: Any) -> None:  # takes no lock: it may interrupt the main thread anywhere
             self.event.set()
             self.child.kill()
 
@@ -75,6 +87,14 @@ class Worker:
         self.gate = BaselineGate(ctx.work_dir)
         self.holding_gate = ExitStack()  # the baseline gate, while this worker evaluates the baseline trial
         self.racer = Racer(ctx, self.study, self.results, self.name, self.stop.child)
+        self.env_streak = 0  # trials in a row that ended in an environment error
+
+    def _db(self, fn: Callable[[], T]) -> T:
+        """`fn()` retried until the database answers, however long that takes, or until a stop."""
+        for attempt in db_retry():
+            with attempt:
+                value = fn()
+        return value
 
     def _environment(self) -> dict[str, Any]:
         b = self.ctx.backend
@@ -85,22 +105,39 @@ class Worker:
     def run(self) -> int:
         """Work until the budget is used up (and no other worker's trial may still be re-queued)."""
         done = 0
-        while not self.stop.event.is_set():
-            started = time.perf_counter()
-            for attempt in db_retry():
-                with attempt:
-                    self.reap()
-                    trial, others_running = self.reserve()
-            if trial is None:
-                if others_running == 0:
+        try:
+            while not self.stop.event.is_set():
+                started = time.perf_counter()
+                trial, others_running = self._db(self._reap_and_reserve)
+                if trial is None:
+                    if others_running == 0:
+                        break
+                    self.stop.event.wait(self.spec.run.heartbeat_s)  # others' trials may still be lost and re-queued
+                    continue
+                if self.stop.event.is_set():  # stopped while reserving: hand the slot back, run nothing
+                    self._hand_back(trial)
                     break
-                self.stop.event.wait(self.spec.run.heartbeat_s)  # others' trials may still be lost and re-queued
-                continue
-            self.evaluate_and_tell(trial, started)
-            done += 1
-            if self.spec.run.racing and not self.stop.event.is_set():
-                self.racer.race()  # re-measure close leaders before spending more budget
+                self.evaluate_and_tell(trial, started)
+                done += 1
+                if self.spec.run.racing and not self.stop.event.is_set():
+                    self.racer.race()  # re-measure close leaders before spending more budget
+        except Exception as exc:
+            if not (self.stop.event.is_set() and is_db_fault(exc)):
+                raise
+            log.warning("stopped while the database was unreachable; a trial in flight is reaped by the next run")
         return done
+
+    def _reap_and_reserve(self) -> tuple[optuna.Trial | None, int]:
+        self.reap()
+        return self.reserve()
+
+    def _hand_back(self, trial: optuna.Trial) -> None:
+        """A reserved trial that will not run: interrupted (not counted), its route re-queued."""
+        try:
+            self._db(lambda: self._tell(trial, J.Result(status=J.INTERRUPTED, message="stopped before it ran; re-queued"), {}))
+            self._db(lambda: self.leases.release(oa.trial_id(trial)))
+        finally:
+            self.holding_gate.close()
 
     def reserve(self) -> tuple[optuna.Trial | None, int]:
         """Under the study lock: count, and ask only if budget remains. Returns (trial, running)."""
@@ -119,7 +156,9 @@ class Worker:
         storage = oa.storage_of(self.study)
         running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         started = {oa.trial_id(t): t.datetime_start.timestamp() if t.datetime_start else time.time() for t in running}
-        lost = self.leases.expired([oa.trial_id(t) for t in running], started, self.spec.run.grace_s)
+        # Right after an outage every heartbeat is stale: trust only dead PIDs until live workers have beaten again.
+        trust = not OUTAGE.recent(self.spec.run.grace_s)
+        lost = self.leases.expired([oa.trial_id(t) for t in running], started, self.spec.run.grace_s, trust_heartbeats=trust)
         reaped = []
         if not lost:
             return reaped
@@ -136,8 +175,12 @@ class Worker:
                 log.warning("trial %d lost its worker; re-queued", frozen.number)
         return reaped
 
-    def _requeue(self, params: dict[str, Any], number: int, source: str | None) -> None:
-        attrs = {"retry_of": number}
+    def _requeue(self, params: dict[str, Any], number: int, source: str | None, env_requeues: int = 0) -> None:
+        if not params:
+            return  # it never sampled a route: the sampler proposes afresh
+        attrs: dict[str, Any] = {"retry_of": number}
+        if env_requeues:
+            attrs["env_requeues"] = env_requeues
         if source:
             attrs["source"] = source
         self.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)
@@ -150,9 +193,7 @@ class Worker:
         `started` is when this worker began reserving the trial; the time not spent inside the
         child's build/check/time phases is recorded as the tuner's own overhead (`overhead_s`).
         """
-        for attempt in db_retry():  # sampling reads the study: retried like every database step
-            with attempt:
-                route = self.ctx.space.suggest(trial)
+        route = self._db(lambda: self.ctx.space.suggest(trial))  # sampling reads the study
         beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(oa.trial_id(trial), beating), daemon=True)
         beat.start()
@@ -161,19 +202,32 @@ class Worker:
         finally:
             beating.set()
             beat.join()
-        if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT):
+        if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT, J.ENVIRONMENT_ERROR):
             result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
         wall = time.perf_counter() - started
         extra.update(trial_wall_s=round(wall, 4), overhead_s=round(wall - sum(result.phase_s.values()), 4))
         try:
-            for attempt in db_retry():
-                with attempt:
-                    self._tell(trial, result, extra)
+            self._db(lambda: self._tell(trial, result, extra))
             if result.status == J.OK and result.artifact_path and trial.user_attrs.get("source") == racing.BASELINE_SOURCE:
                 self.gate.publish({"trial": trial.number, "path": result.artifact_path, "sha256": result.artifact_sha256, "route": route})
         finally:
             self.holding_gate.close()
-        self.leases.release(oa.trial_id(trial))
+        self._db(lambda: self.leases.release(oa.trial_id(trial)))
+        self._pace(result)
+
+    def _pace(self, result: J.Result) -> None:
+        """After an environment error, pause (doubling, capped) instead of burning budget; say so once."""
+        if result.status != J.ENVIRONMENT_ERROR:
+            if self.env_streak:
+                log.warning("environment errors cleared; worker %s resumes", self.name)
+            self.env_streak = 0
+            return
+        self.env_streak += 1
+        pause = min(PAUSE_CAP_S, ENV_BACKOFF_S * 2 ** (ENV_ATTEMPTS + self.env_streak - 2))
+        if self.env_streak == 1:
+            log.warning("worker %s paused: %s (%d runs in a row); the trial is re-queued, nothing is cached; "
+                        "retrying every <= %g s until the machine recovers", self.name, result.message, ENV_ATTEMPTS, PAUSE_CAP_S)
+        self.stop.event.wait(pause)
 
     def _tell(self, trial: optuna.Trial, result: J.Result, extra: dict[str, Any]) -> None:
         frozen = oa.storage_of(self.study).get_trial(oa.trial_id(trial))
@@ -184,16 +238,25 @@ class Worker:
         outcome.record(self.study, trial, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs,
                        base.value if base is not None else None)
         update_note(self.study)  # never raises: the dashboard's study note states the best feasible trial
-        if result.status == J.INTERRUPTED:
+        env_requeues = int(frozen.user_attrs.get("env_requeues", 0)) + 1 if result.status == J.ENVIRONMENT_ERROR else 0
+        if env_requeues > ENV_REQUEUES:
+            log.warning("trial %d: its route met environment errors in %d trials; given up (not re-queued, not counted)",
+                        frozen.number, env_requeues)
+        elif result.status in (J.INTERRUPTED, J.ENVIRONMENT_ERROR):
             with study_lock(self.ctx.url, self.spec.study):
-                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"))
+                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"), env_requeues)
 
     def _heartbeat(self, trial_id: int, stop: threading.Event) -> None:
         while not stop.wait(self.spec.run.heartbeat_s):
             try:
                 self.leases.beat(trial_id)
             except Exception as exc:  # a missed beat is retried next period; the grace period covers it
-                log.warning("heartbeat failed: %s", type(exc).__name__)
+                if is_db_fault(exc):
+                    OUTAGE.failed(exc)
+                else:
+                    log.warning("heartbeat failed: %s", type(exc).__name__)
+            else:
+                OUTAGE.recovered()
 
     def evaluate(self, number: int, route: dict[str, Any]) -> tuple[J.Result, dict[str, Any]]:
         """The result for `route`: known-invalid, from the cache, or built and measured in a child."""
@@ -233,19 +296,25 @@ class Worker:
         return cached.status != J.GATE_FAILED or (cached.accuracy is not None and cached.accuracy > self.spec.accuracy.tolerance)
 
     def _run_child(self, number: int, route: dict[str, Any]) -> J.Result:
+        """Build and measure in a fresh child; an environment error is retried (ENV_ATTEMPTS runs in all)."""
         trial_dir = self.ctx.work_dir / "trials" / f"{number:05d}"
         job = make_job(self.ctx, route, trial_dir / "out", **self._pairing(number))
-        result = run_isolated(job, trial_dir, self.stop.child, self.child_env)
-        self._keep_artifact(result)
-        self._upload_log(number, trial_dir)
+        for attempt in range(ENV_ATTEMPTS):
+            result = run_isolated(job, trial_dir, self.stop.child, self.child_env)
+            if result.status != J.ENVIRONMENT_ERROR:
+                self._keep_artifact(result, trial_dir / "out")
+            if result.status != J.ENVIRONMENT_ERROR or self.stop.event.is_set() or attempt == ENV_ATTEMPTS - 1:
+                break
+            log.warning("trial %d: %s; running it again (%d/%d)", number, result.message, attempt + 2, ENV_ATTEMPTS)
+            shutil.rmtree(trial_dir / "out", ignore_errors=True)
+            self.stop.event.wait(ENV_BACKOFF_S * 2 ** attempt)
+        self._db(lambda: self._upload_log(number, trial_dir))
         shutil.rmtree(trial_dir / "out", ignore_errors=True)
         return result
 
     def _pairing(self, number: int) -> dict[str, Any]:
         """What trial `number` is timed against: its role, the baseline engine (or the gate to wait on), the incumbent."""
-        for attempt in db_retry():
-            with attempt:
-                trials = self.study.get_trials(deepcopy=False)
+        trials = self._db(lambda: self.study.get_trials(deepcopy=False))
         this = next(t for t in trials if t.number == number)
         if racing.is_baseline(this):
             return {"role": "baseline"}
@@ -257,17 +326,37 @@ class Worker:
             pairing["baseline_gate"] = str(self.ctx.work_dir)
         return pairing
 
-    def _keep_artifact(self, result: J.Result) -> None:
-        """Move the artifact to the content-addressed store (work_dir/artifacts/<sha256><suffix>)."""
-        if not result.artifact_path or not result.artifact_sha256 or not Path(result.artifact_path).exists():
+    def _keep_artifact(self, result: J.Result, out_dir: Path) -> None:
+        """Check the child's artifact and move it to the content-addressed store (work_dir/artifacts/<sha256><suffix>).
+
+        The child's report is not trusted: the path must lie inside the trial's out dir, and the hash
+        and size recorded are the ones computed here. A disk that is full now is an environment error.
+        """
+        if not result.artifact_path:
             return
         src = Path(result.artifact_path)
-        dest = self.ctx.work_dir / "artifacts" / f"{result.artifact_sha256}{src.suffix}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if not dest.exists():
-            shutil.move(str(src), dest)
+        if not src.resolve().is_relative_to(out_dir.resolve()):
+            result.status = J.BUILD_ERROR
+            result.message = f"the build reported an artifact outside its out dir ({src}); not kept"
+            result.artifact_path = result.artifact_sha256 = result.artifact_bytes = None
+            return
+        if not src.is_file():
+            result.artifact_path = result.artifact_sha256 = result.artifact_bytes = None
+            return
+        try:
+            result.artifact_sha256, result.artifact_bytes = file_hash(src), src.stat().st_size
+            dest = self.ctx.work_dir / "artifacts" / f"{result.artifact_sha256}{src.suffix}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if not dest.exists():
+                shutil.move(str(src), dest)
+        except OSError as exc:
+            fault = environment_fault(exc)
+            if fault is None:
+                raise
+            result.status, result.message = J.ENVIRONMENT_ERROR, f"could not keep the artifact: {fault}"
+            return
         result.artifact_path = str(dest)
-        self.results.add_artifact(result.artifact_sha256, str(dest), int(result.artifact_bytes or 0), self.ctx.backend.name)
+        self._db(lambda: self.results.add_artifact(str(result.artifact_sha256), str(dest), int(result.artifact_bytes or 0), self.ctx.backend.name))
 
     def _upload_log(self, number: int, trial_dir: Path) -> None:
         """Bulky per-trial logs go to Optuna's artifact store, not into trial attributes."""
@@ -275,14 +364,16 @@ class Worker:
         if log_path.exists() and log_path.stat().st_size:
             from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 
-            store_dir = self.ctx.work_dir / "optuna-artifacts"
-            store_dir.mkdir(parents=True, exist_ok=True)
             storage = oa.storage_of(self.study)
             frozen = oa.trial_by_number(self.study, number)
             try:
+                store_dir = self.ctx.work_dir / "optuna-artifacts"
+                store_dir.mkdir(parents=True, exist_ok=True)
                 upload_artifact(artifact_store=FileSystemArtifactStore(str(store_dir)), file_path=str(log_path),
                                 study_or_trial=frozen, storage=storage)
             except Exception as exc:  # logs are a convenience; never fail a trial over them
+                if is_db_fault(exc):
+                    raise  # retried by the caller once the database is back
                 log.warning("could not store the trial log: %s", exc)
 
     def _store(self, key: str, number: int, route: dict[str, Any], result: J.Result) -> None:

@@ -1,4 +1,8 @@
-"""Start and supervise the worker processes of one `tuner run`: N CPU workers or one per GPU."""
+"""Start and supervise the worker processes of one `tuner run`: N CPU workers or one per GPU.
+
+A worker gets the storage URL through an inherited pipe (`--storage-fd`), never on its command line,
+where every local user could read the password (`ps`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tuner.worker.lifeline import PARENT_ENV
 
 
 @dataclass
@@ -28,9 +34,19 @@ class Pool:
             env = dict(os.environ)
             if self.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = self.gpus[i]
-            cmd = [sys.executable, "-m", "tuner.worker.main", str(self.spec_path), "--storage", self.url,
+            env[PARENT_ENV] = str(os.getpid())
+            read_fd, write_fd = os.pipe()
+            cmd = [sys.executable, "-m", "tuner.worker.main", str(self.spec_path), "--storage-fd", str(read_fd),
                    "--budget", str(self.budget), "--index", str(i)]
-            self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+            try:
+                self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, pass_fds=(read_fd,)))
+                with os.fdopen(write_fd, "w") as pipe:
+                    write_fd = -1
+                    pipe.write(self.url)
+            finally:
+                os.close(read_fd)
+                if write_fd >= 0:
+                    os.close(write_fd)
 
     def alive(self) -> int:
         """How many workers are still running (reaps the exited ones)."""

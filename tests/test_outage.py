@@ -1,0 +1,85 @@
+"""A database outage longer than the lease grace period, cut with a TCP proxy (the shared cluster
+stays up): the workers wait it out with one status line each, keep their finished children's
+results and record them when the database returns; nothing is reaped, lost, or built twice."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import psycopg2
+from optuna.trial import TrialState
+
+from tests.helpers import start_tuner, trials, wait_for_file
+from tests.proxy import TcpProxy
+
+FAULT = "tests.backends:FaultBackend"
+
+
+def _through(proxy: TcpProxy, url: str) -> str:
+    return re.sub(r"@127\.0\.0\.1:\d+/", f"@127.0.0.1:{proxy.port}/", url)
+
+
+def _wait_for_stale_leases(url: str, count: int, older_than_s: float) -> None:
+    """Block until `count` running leases have heartbeats older than `older_than_s` (database clock)."""
+    conn = psycopg2.connect(url)  # straight to the cluster, not through the proxy
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            while True:
+                cur.execute("SELECT count(*) FROM tuner_leases WHERE state = 'running' "
+                            "AND extract(epoch from clock_timestamp()) - heartbeat_at > %s", (older_than_s,))
+                if cur.fetchone()[0] >= count:
+                    return
+                time.sleep(0.1)
+    finally:
+        conn.close()
+
+
+def _wait_for_final_result(path: Path, limit_s: float = 120) -> None:
+    """Block until the child has written its final result (its status is no longer the start-up placeholder)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            if json.loads(path.read_text())["status"] != "crash-exit":
+                return
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline, f"{path} holds no final result after {limit_s} s"
+        time.sleep(0.05)
+
+
+def test_an_outage_longer_than_the_grace_period_loses_nothing(write_spec, pg_url, tmp_path: Path) -> None:
+    proxy = TcpProxy(int(re.search(r":(\d+)/", pg_url).group(1)))
+    proxy.start()
+    url = _through(proxy, pg_url)
+    markers = tmp_path / "markers"
+    grace = 3.0
+    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "block", "1": "block"}},
+                         "run.budget": 4, "run.workers": 2, "run.heartbeat_s": 0.5, "run.grace_s": grace})
+    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", url, log=tmp_path / "run.log")
+    try:
+        wait_for_file(markers / "blocked-0", proc)
+        wait_for_file(markers / "blocked-1", proc)  # both workers are inside a build
+        proxy.cut()
+        _wait_for_stale_leases(pg_url, 2, grace + 1.0)  # every heartbeat is now past the grace period
+        (markers / "release").write_text("")
+        for n in (0, 1):  # both children finish while the database is away
+            _wait_for_final_result(spec.parent / ".tuner" / "tiny" / "trials" / f"{n:05d}" / "result.json")
+        proxy.restore()
+        assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        proxy.cut()
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "run.log").read_text()
+    for worker in (0, 1):
+        lines = [line for line in log.splitlines() if line.startswith(f"[worker {worker}]") and "database" in line]
+        assert len(lines) == 2 and "unreachable" in lines[0] and "back" in lines[1], lines
+    ts = trials(pg_url, "tiny")
+    assert not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert not [t for t in ts if t.user_attrs.get("failure_class") == "lost"]
+    assert sorted(t.number for t in ts if t.state.is_finished()) == [0, 1, 2, 3]
+    assert len(list(markers.glob("build-*"))) == 4  # no route was built twice

@@ -1,0 +1,41 @@
+"""Tell a machine's transient state (disk full, out of memory, device busy) from a route's own failure.
+
+An `environment-error` says nothing about the route: it is never cached, the trial is retried a
+bounded number of times, and a burst of them pauses the worker (see `tuner.worker.loop`).
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+
+# errno values that describe the machine, not the route.
+ENV_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EBUSY, errno.EMFILE, errno.ENFILE, errno.EROFS})
+
+# What native libraries (CUDA, TensorRT, ONNX Runtime, PyTorch) say when memory or the device is taken.
+ENV_MESSAGE = re.compile(
+    r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|failed to allocate memory|"
+    r"no space left on device|disk quota exceeded|device or resource busy|busy or unavailable|"
+    r"cudaErrorDevicesUnavailable|all CUDA-capable devices are busy",
+    re.IGNORECASE,
+)
+
+# A child that could not even write its result (its work dir is full) exits with this status (EX_TEMPFAIL).
+EXIT_ENVIRONMENT = 75
+
+
+def environment_fault(exc: BaseException) -> str | None:
+    """A one-line description if `exc` (or what caused it) is an environment failure, else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MemoryError):
+            return f"MemoryError: out of memory {str(current)[:200]}".strip()
+        if isinstance(current, OSError) and current.errno in ENV_ERRNOS:
+            return f"{type(current).__name__} {errno.errorcode.get(current.errno or 0, '?')}: {current.strerror or current}"[:300]
+        first = str(current).strip().splitlines()[0] if str(current).strip() else ""
+        if ENV_MESSAGE.search(str(current)):
+            return f"{type(current).__name__}: {first}"[:300]
+        current = current.__cause__ or current.__context__
+    return None
