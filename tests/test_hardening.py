@@ -251,7 +251,9 @@ def _wait_for_lock_waiter(conn: psycopg2.extensions.connection, key: int, proc: 
     with conn.cursor() as cur:
         while True:
             cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                        "AND classid = %s::oid AND objid = %s::oid AND objsubid = 1", ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+                        "AND classid = %s::oid AND objid = %s::oid AND objsubid = 1 "
+                        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
             if cur.fetchone()[0]:
                 return
             assert proc.poll() is None, "tuner run exited before it waited for the study lock"
