@@ -6,8 +6,11 @@ copies the model; it then runs the real model with ONNX Runtime. Used by bench/s
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
@@ -45,3 +48,25 @@ class FixedCostBackend(Backend):
 
         return OrtRunner(artifact, {"provider": "cpu", "execution_mode": "sequential", "intra_op_threads": 1,
                                     "cpu_mem_arena": True, "mem_pattern": True})
+
+
+BUILD_LOG = Option("build_log", str, "", "a directory where every build records its route, start and end (bench/chaos.py)")
+
+
+class LoggedFixedCostBackend(FixedCostBackend):
+    """FixedCostBackend that records each build (route, pid, start, end) as one JSON file in `options.build_log`.
+
+    A build that is killed leaves its record without an end; bench/chaos.py counts overlapping
+    builds of one route from these records.
+    """
+
+    name = "fixed-cost-logged"
+    options = (BUILD_S, BUILD_LOG)
+
+    def build(self, route: Route, ctx: BuildContext) -> Artifact:
+        record = Path(str(BUILD_LOG.get(ctx.model.options))) / f"{time.time_ns()}-{os.getpid()}.json"
+        entry: dict[str, Any] = {"route": dict(route), "pid": os.getpid(), "start": time.time()}
+        record.write_text(json.dumps(entry))
+        artifact = super().build(route, ctx)
+        record.write_text(json.dumps({**entry, "end": time.time()}))
+        return artifact
