@@ -63,7 +63,8 @@ class PrivateCluster:
         self.port = _free_port()
 
     def _as_postgres(self, *cmd: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, capture_output=True, timeout=180)
+        # No pipes: the server inherits pg_ctl's stdout, and a pipe would never reach end-of-file.
+        subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180)
 
     def start(self) -> None:
         """initdb (trust auth) and start."""
@@ -74,7 +75,7 @@ class PrivateCluster:
 
     def restart(self) -> None:
         """A real server restart: every connection is dropped."""
-        self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", "-m", "fast", "restart")
+        self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-m", "fast", "restart")
 
     def stop(self) -> None:
         """Stop the server (the data directory goes with the temporary directory)."""
@@ -133,6 +134,7 @@ class Seed:
     build_s: float
     grace_s: float
     root: Path
+    schedule: tuple[str, ...] = FAULTS
     faults: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -193,8 +195,8 @@ class Seed:
 
     def run(self) -> dict[str, Any]:
         """Run the study under the fault schedule, resume it, and measure."""
-        order = self.rng.sample(FAULTS, len(FAULTS))
-        triggers = sorted(self.rng.sample(range(3, self.budget - 10), len(FAULTS)))
+        order = self.rng.sample(self.schedule, len(self.schedule))
+        triggers = sorted(self.rng.sample(range(2, self.budget - len(self.schedule) // 2 - 2), len(self.schedule)))
         t0 = time.monotonic()
         proc = self.start_run()
         try:
@@ -239,7 +241,8 @@ class Seed:
         return []
 
     def kill_worker(self) -> dict[str, Any]:
-        workers = self._wait_for("worker")
+        parents = sorted({ppid for _, ppid in self._wait_for("child", 30)} & set(self.workers_now()))
+        workers = parents or self._wait_for("worker")  # one in the middle of a trial, where there is one
         if not workers:
             return {"skipped": "no worker"}
         victim = self.rng.choice(sorted(workers))

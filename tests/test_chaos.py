@@ -1,0 +1,32 @@
+"""The chaos benchmark, short: every kind of fault once on a small study, then the same checks as bench/chaos.py.
+
+A private PostgreSQL cluster (restarted for real), an outage through a TCP proxy, a full tmpfs work
+dir, SIGKILLed workers and children, a SIGSTOPped worker. Needs root (tmpfs, runuser) and initdb.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import PG_BIN, Seed
+
+SHORT = ("kill_worker", "kill_child", "stop_worker", "pg_restart", "outage", "disk_full")
+
+
+@pytest.mark.skipif(not (PG_BIN / "initdb").exists() or not shutil.which("runuser"), reason="needs initdb and runuser")
+def test_a_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    seed = Seed(seed=7, outage_s=4.0, budget=14, workers=3, build_s=0.5, grace_s=4.0, root=tmp_path, schedule=SHORT)
+    seed.setup()
+    try:
+        row = seed.run()
+    finally:
+        seed.teardown()
+    assert row["faults_injected"] == len(SHORT), row["faults"]
+    assert row["budget_exact"], row
+    for key in ("trials_lost", "trials_left_running", "routes_recorded_twice", "concurrent_duplicate_builds",
+                "orphans_after_run", "children_alive_5s_after_worker_kill", "cached_environment_errors"):
+        assert row[key] == 0, (key, row)
