@@ -323,15 +323,18 @@ class Seed:
             SELECT t.number, t.state,
                    (SELECT value_json FROM trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = 'failure_class'),
                    (SELECT json_object_agg(param_name, param_value) FROM trial_params p WHERE p.trial_id = t.trial_id),
-                   (SELECT value_json FROM trial_system_attributes s WHERE s.trial_id = t.trial_id AND s.key = 'fixed_params')
+                   (SELECT value_json FROM trial_system_attributes s WHERE s.trial_id = t.trial_id AND s.key = 'fixed_params'),
+                   (SELECT value_json FROM trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = 'cache_hit')
             FROM trials t ORDER BY t.number""")
         trials = []
-        for number, state, fc, params, fixed in rows:
+        for number, state, fc, params, fixed, hit in rows:
             route = json.dumps(params or (json.loads(fixed) if fixed else {}), sort_keys=True)
-            trials.append({"number": number, "state": state, "class": json.loads(fc) if fc else "", "route": route})
+            trials.append({"number": number, "state": state, "class": json.loads(fc) if fc else "", "route": route,
+                           "cache_hit": hit == "true"})
         uncounted = {"interrupted", "lost", "environment-error"}
         counted = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED") or (t["state"] == "FAIL" and t["class"] not in uncounted)]
         counted_routes = [t["route"] for t in counted]
+        built = [t["route"] for t in counted if not t["cache_hit"]]  # a cache hit reuses a result: no build
         requeued = [t for t in trials if t["state"] == "FAIL" and t["class"] in uncounted]
         lost = [t for t in requeued if t["route"] != "{}" and t["route"] not in counted_routes]
         cache = _query(self.direct, "SELECT status, result->>'message' FROM tuner_results")
@@ -343,7 +346,9 @@ class Seed:
             "faults_injected": sum(1 for f in self.faults if "skipped" not in f), "faults": self.faults,
             "trials_total": len(trials), "trials_counted": len(counted), "budget_exact": len(counted) == self.budget,
             "trials_lost": len(lost), "trials_left_running": sum(1 for t in trials if t["state"] in ("RUNNING", "WAITING")),
-            "routes_recorded_twice": len(counted_routes) - len(set(counted_routes)),
+            "routes_built_twice": len(built) - len(set(built)),
+            "duplicates": [[t["number"], t["state"], t["class"], t["cache_hit"]] for t in counted if counted_routes.count(t["route"]) > 1],
+            "cache_hits": sum(1 for t in counted if t["cache_hit"]),
             "concurrent_duplicate_builds": _concurrent_duplicates(builds, self.build_s),
             "builds": len(builds), "orphans_after_run": len(orphans),
             "children_alive_5s_after_worker_kill": sum(f["children_left"] for f in kills)
@@ -365,6 +370,10 @@ def _concurrent_duplicates(builds: list[dict[str, Any]], build_s: float) -> int:
     return pairs
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def machine_state() -> dict[str, Any]:
     """Load average and CPU clocks now."""
     mhz = [float(m) for m in re.findall(r"cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text())]
@@ -382,6 +391,7 @@ def main() -> None:
     p.add_argument("--grace-s", type=float, default=8.0)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, _interrupt)  # so a stopped benchmark still unmounts and stops its cluster
     before = machine_state()
     with tempfile.TemporaryDirectory(prefix=f"chaos-{args.seed}-") as d:
         root = Path(d)
@@ -398,7 +408,7 @@ def main() -> None:
     doc["seeds"].sort(key=lambda s: s["seed"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    keys = ("faults_injected", "trials_lost", "trials_left_running", "routes_recorded_twice", "concurrent_duplicate_builds",
+    keys = ("faults_injected", "trials_lost", "trials_left_running", "routes_built_twice", "concurrent_duplicate_builds",
             "orphans_after_run", "children_alive_5s_after_worker_kill", "budget_exact", "cached_environment_errors")
     print(json.dumps({k: row[k] for k in keys}))
 

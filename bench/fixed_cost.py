@@ -63,6 +63,10 @@ class LoggedFixedCostBackend(FixedCostBackend):
     name = "fixed-cost-logged"
     options = (BUILD_S, BUILD_LOG)
 
+    def space(self, model: ModelInfo) -> SearchSpace:
+        """8^6 routes, so a short random study almost never samples one route twice."""
+        return SearchSpace(tuple(Param(n, tuple(range(8)), 0) for n in "abcdef"))
+
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         record = Path(str(BUILD_LOG.get(ctx.model.options))) / f"{time.time_ns()}-{os.getpid()}.json"
         entry: dict[str, Any] = {"route": dict(route), "pid": os.getpid(), "start": time.time()}
