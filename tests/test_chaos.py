@@ -27,6 +27,6 @@ def test_a_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
         seed.teardown()
     assert row["faults_injected"] == len(SHORT), row["faults"]
     assert row["budget_exact"], row
-    for key in ("trials_lost", "trials_left_running", "routes_recorded_twice", "concurrent_duplicate_builds",
+    for key in ("trials_lost", "trials_left_running", "routes_built_twice", "concurrent_duplicate_builds",
                 "orphans_after_run", "children_alive_5s_after_worker_kill", "cached_environment_errors"):
         assert row[key] == 0, (key, row)
