@@ -165,3 +165,20 @@ def test_bad_data_files_name_the_array_in_one_line(arrays: dict, needle: str, tm
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "data.file" in result.stderr and needle in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "db.sqlite").exists()
+
+
+def test_scalars_stay_scalars_in_hashes_and_backend_feeds() -> None:
+    """A 0-D feed is not a 1-element vector: hashed apart, handed to Inductor and replay as 0-D."""
+    import torch
+
+    from tuner.backends.inductor.engine import Engine
+    from tuner.backends.replay.landscape import decode_array, encode_array, feed_key
+    from tuner.measure.inputs import feeds_hash
+
+    scalar, vector = {"sr": np.array(16000, np.int64)}, {"sr": np.array([16000], np.int64)}
+    assert feeds_hash([scalar]) != feeds_hash([vector]) and feed_key(scalar) != feed_key(vector)
+    assert decode_array(encode_array(scalar["sr"])).shape == ()
+    engine = Engine(lambda *a: a, torch.device("cpu"), torch.float16, False, False, ["sr", "state"], [], {})
+    sr, state = engine.inputs({"sr": scalar["sr"], "state": np.zeros((2, 1, 128), np.float32)})
+    assert sr.shape == () and sr.dtype == torch.int64 and int(sr) == 16000
+    assert state.shape == (2, 1, 128) and state.dtype == torch.float16

@@ -108,7 +108,7 @@ def feeds_hash(feeds: list[Feed]) -> str:
     h = hashlib.sha256()
     for feed in feeds:
         for name in sorted(feed):
-            a = np.ascontiguousarray(feed[name])
+            a = np.asarray(feed[name], order="C")  # (np.ascontiguousarray would hash a 0-D array as 1-D)
             h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
             h.update(a.tobytes())
     return h.hexdigest()

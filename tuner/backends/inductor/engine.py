@@ -60,7 +60,7 @@ class Engine:
 
         out = []
         for name in self.input_names:
-            t = torch.from_numpy(np.ascontiguousarray(feed[name])).to(self.device)
+            t = torch.from_numpy(np.asarray(feed[name], order="C")).to(self.device)  # keeps a scalar 0-D
             if t.is_floating_point():
                 t = t.to(self.dtype)
             if self.channels_last and t.dim() == 4:

@@ -31,7 +31,7 @@ Outputs = dict[str, np.ndarray]
 
 def encode_array(a: np.ndarray) -> dict[str, Any]:
     """An array as a JSON-able dict."""
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")  # keeps a scalar 0-D
     return {"dtype": str(a.dtype), "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
@@ -44,7 +44,7 @@ def feed_key(feed: Mapping[str, np.ndarray]) -> str:
     """A content hash of one feed (names, dtypes, shapes, bytes): how a replay finds its outputs."""
     h = hashlib.sha256()
     for name in sorted(feed):
-        a = np.ascontiguousarray(feed[name])
+        a = np.asarray(feed[name], order="C")
         h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
         h.update(a.tobytes())
     return h.hexdigest()[:32]
