@@ -381,9 +381,26 @@ def machine_state() -> dict[str, Any]:
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+TABLE = (("faults injected", "faults_injected"), ("trials lost", "trials_lost"), ("trials left RUNNING/WAITING", "trials_left_running"),
+         ("routes built twice (counted, not cache hits)", "routes_built_twice"), ("overlapping builds of one route", "concurrent_duplicate_builds"),
+         ("orphan processes after the run", "orphans_after_run"), ("children alive 5 s after their worker's SIGKILL", "children_alive_5s_after_worker_kill"),
+         ("budget exact", "budget_exact"), ("cached environment errors", "cached_environment_errors"))
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The README table: one column per seed."""
+    seeds = doc["seeds"]
+    head = "| | " + " | ".join(f"seed {s['seed']} ({s['outage_s']:g} s outage)" for s in seeds) + " |"
+    rows = [head, "|---" * (len(seeds) + 1) + "|"]
+    for label, key in TABLE:
+        rows.append(f"| {label} | " + " | ".join(("yes" if s[key] else "no") if isinstance(s[key], bool) else str(s[key]) for s in seeds) + " |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--table", action="store_true", help="only print the README table of the results file")
+    p.add_argument("--seed", type=int)
     p.add_argument("--outage-s", type=float, default=360.0, help="the long outage (the issue asks 6 minutes: past the old 5-minute window)")
     p.add_argument("--budget", type=int, default=60)
     p.add_argument("--workers", type=int, default=4)
@@ -391,6 +408,11 @@ def main() -> None:
     p.add_argument("--grace-s", type=float, default=8.0)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
+    if args.seed is None:
+        p.error("--seed is required")
     signal.signal(signal.SIGTERM, _interrupt)  # so a stopped benchmark still unmounts and stops its cluster
     before = machine_state()
     with tempfile.TemporaryDirectory(prefix=f"chaos-{args.seed}-") as d:
