@@ -236,6 +236,8 @@ def collect(spec: Any, storage: str, wall: float) -> dict[str, Any]:
             "latency_ms": t.user_attrs.get("latency_ms"), "accuracy": t.user_attrs.get("accuracy"),
             "wall_s": (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None,
             "timing_info": result.get("timing_info"), "artifact_bytes": result.get("artifact_bytes"),
+            "speedup_paired": t.user_attrs.get("speedup_paired"), "speedup_paired_ci": t.user_attrs.get("speedup_paired_ci"),
+            "timing": t.user_attrs.get("timing"),
         })
     finished = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED", "FAIL")]
     builds = [t["build_s"] for t in trials if t["build_s"] is not None]

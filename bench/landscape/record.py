@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from tuner import __version__
-from tuner.backends.replay.capture import OPTION, OUTPUTS, read_captured
+from tuner.backends.replay.capture import OPTION, captured_path, read_captured
 from tuner.backends.replay.landscape import Landscape, Outputs, Point, Round, feed_key, outputs_key
 from tuner.errors import TunerError
 from tuner.measure.reference import load_reference
@@ -111,7 +111,7 @@ class Recorder:
                      samples_ms=[round(s, 4) for s in res.samples_ms], accuracy=_finite(res.accuracy))
         if res.latency:
             entry["median_ms"] = res.latency["median"]
-        captured = trial_dir / "out" / OUTPUTS
+        captured = captured_path(self.ctx.work_dir, route)
         if res.status == J.OK and captured.exists():
             outputs = _ordered(read_captured(captured), feeds)
             okey = outputs_key(outputs)

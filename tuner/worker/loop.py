@@ -319,7 +319,9 @@ class Worker:
         if racing.is_baseline(this):
             return {"role": "baseline"}
         base = racing.baseline_trial(trials)
-        pairing: dict[str, Any] = {"incumbent": racing.incumbent(trials, racing.races(self.study))}
+        # racing = false: no re-measuring and no early stop as `slow` (every route measured in full, as a landscape needs)
+        incumbent = racing.incumbent(trials, racing.races(self.study)) if self.spec.run.racing else None
+        pairing: dict[str, Any] = {"incumbent": incumbent}
         if base is not None:
             pairing["baseline"] = self.racer.baseline_engine(base)
         elif racing.baseline_pending(trials):

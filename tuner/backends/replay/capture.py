@@ -3,12 +3,16 @@
 The landscape recorder runs each route through the normal isolated child with this wrapper as the
 job's backend (`tuner.backends.replay.capture:CaptureBackend`) and the real backend's name in
 `options["capture_backend"]`. Build, load and timing are the real backend's; the wrapper only writes
-what `infer` returned to `out_dir/outputs.npz` when the child closes the runner.
+what `infer` returned to `work_dir/captured/<route hash>.npz` (`captured_path`) when the child closes
+the runner, so the outputs outlive the trial's out dir. A whole study can run on the wrapper too (the
+study file names it as its backend; its options are the real backend's plus `capture_backend`), which
+is how a GPU landscape is recorded by many workers at once (bench/gpu/landscape_study.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,10 +22,14 @@ import numpy as np
 from tuner.backends import get_backend
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo, Runner
 from tuner.backends.replay.landscape import Outputs, feed_key
-from tuner.space import Route, SearchSpace
+from tuner.space import Route, SearchSpace, route_hash
 
 OPTION = "capture_backend"
-OUTPUTS = "outputs.npz"
+
+
+def captured_path(work_dir: Path, route: Route) -> Path:
+    """Where the outputs of `route`'s engine are kept."""
+    return Path(work_dir) / "captured" / f"{route_hash(route)}.npz"
 
 
 def _inner(model: ModelInfo) -> tuple[Backend, ModelInfo]:
@@ -34,6 +42,14 @@ class CaptureBackend(Backend):
     """Delegates everything to `options["capture_backend"]`; its runner records outputs."""
 
     name = "capture"
+
+    def option_problem(self, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        """`capture_backend` names a backend; the other options are that backend's to check."""
+        inner = options.get(OPTION)
+        if not isinstance(inner, str) or not inner:
+            return OPTION, "expected the name of the backend to record"
+        rest = {k: v for k, v in options.items() if k != OPTION}
+        return get_backend(inner).option_problem(rest)
 
     def version(self) -> str:
         return "capture"
@@ -51,7 +67,7 @@ class CaptureBackend(Backend):
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         backend, inner = _inner(ctx.model)
-        return CapturingRunner(backend.load(artifact, route, replace(ctx, model=inner)), ctx.out_dir / OUTPUTS)
+        return CapturingRunner(backend.load(artifact, route, replace(ctx, model=inner)), captured_path(ctx.work_dir, route))
 
 
 class CapturingRunner(Runner):
@@ -76,8 +92,11 @@ class CapturingRunner(Runner):
         return self.runner.timing_info()
 
     def release(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(self.path, **{f"{key}/{name}": a for key, out in self.seen.items() for name, a in out.items()})
+        if self.seen:  # a runner only timed (a paired trial's baseline) has nothing to keep
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp.npz")
+            np.savez(tmp, **{f"{key}/{name}": a for key, out in self.seen.items() for name, a in out.items()})
+            tmp.replace(self.path)
         self.runner.close()
 
 
