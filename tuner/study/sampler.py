@@ -9,6 +9,8 @@ the median builds until the best route from 94/22/21/48 to 32/16/20/31 on the fo
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,9 +40,14 @@ def make_sampler(run: RunSpec, worker_index: int) -> optuna.samplers.BaseSampler
     ), seed)
 
 
+ENUMERATE_UP_TO = 4096  # spaces up to this many routes are searched exhaustively for an untried route
+FAR_DRAWS = 512
+
+
 class NoRepeatSampler(optuna.samplers.BaseSampler):
     """Delegates to `base`, but a relative proposal equal to a route already tried (finished or running)
-    is replaced by a random untried neighbour: the proposal with one knob changed, else two."""
+    is replaced by a random untried neighbour: the proposal with one knob changed, else two, else the
+    nearest untried route farther away (`_farther`)."""
 
     def __init__(self, base: optuna.samplers.BaseSampler, seed: int | None = None) -> None:
         self.base = base
@@ -51,6 +58,8 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         proposal = self.base.sample_relative(study, trial, search_space)
+        if not proposal and search_space:  # the base's random start-up: a uniform draw, kept from repeating below
+            proposal = {n: d.choices[int(self.rng.integers(len(d.choices)))] for n, d in search_space.items() if hasattr(d, "choices")}  # type: ignore[attr-defined]
         tried = [{k: v for k, v in t.params.items() if k in search_space} for t in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)) if t.number != trial.number]
         if not proposal or not _repeats(proposal, tried):
@@ -63,7 +72,26 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
             if fresh is not None:
                 return fresh
             ring = ring[:64]
-        return proposal
+        return self._farther(proposal, search_space, tried) or proposal
+
+    def _farther(self, proposal: dict[str, Any], space: Mapping[str, BaseDistribution], tried: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """An untried route nearest to `proposal` (fewest knobs changed) when none is within two knobs.
+
+        Small spaces are enumerated, so a study never repeats a route while an untried one exists;
+        larger ones are sampled (FAR_DRAWS random routes). None when nothing untried was found.
+        """
+        names = [n for n in space if n in proposal and hasattr(space[n], "choices")]
+        size = math.prod(len(space[n].choices) for n in names)  # type: ignore[attr-defined]
+        if size <= ENUMERATE_UP_TO:
+            pool = [{**proposal, **dict(zip(names, combo))} for combo in itertools.product(*(space[n].choices for n in names))]  # type: ignore[attr-defined]
+        else:
+            pool = [{**proposal, **{n: space[n].choices[int(self.rng.integers(len(space[n].choices)))] for n in names}}  # type: ignore[attr-defined]
+                    for _ in range(FAR_DRAWS)]
+        fresh = [c for c in pool if not _repeats(c, tried)]
+        if not fresh:
+            return None
+        self.rng.shuffle(fresh)  # type: ignore[arg-type]
+        return min(fresh, key=lambda c: sum(c[n] != proposal[n] for n in names))
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
         return self.base.sample_independent(study, trial, param_name, param_distribution)
