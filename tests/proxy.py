@@ -43,11 +43,7 @@ class TcpProxy:
         if listener is not None:
             _close(listener)
         for c in conns:
-            try:
-                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST, not FIN
-                c.close()
-            except OSError:
-                pass
+            _close(c)  # shutdown first: it wakes the pump blocked in recv, which a bare close() would not
 
     stop = cut
 

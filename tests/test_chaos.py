@@ -7,6 +7,7 @@ dir, SIGKILLed workers and children, a SIGSTOPped worker. Needs root (tmpfs, run
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,16 @@ SHORT = ("kill_worker", "kill_child", "stop_worker", "pg_restart", "outage", "di
 
 
 @pytest.mark.skipif(not (PG_BIN / "initdb").exists() or not shutil.which("runuser"), reason="needs initdb and runuser")
-def test_a_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
-    tmp_path.chmod(0o755)
-    seed = Seed(seed=7, outage_s=4.0, budget=14, workers=3, build_s=0.5, grace_s=4.0, root=tmp_path, schedule=SHORT)
-    seed.setup()
-    try:
-        row = seed.run()
-    finally:
-        seed.teardown()
+def test_a_short_chaos_run_loses_nothing() -> None:
+    with tempfile.TemporaryDirectory(prefix="chaos-test-") as d:  # pytest's tmp_path is not reachable for user postgres
+        root = Path(d)
+        root.chmod(0o755)
+        seed = Seed(seed=7, outage_s=4.0, budget=14, workers=3, build_s=0.5, grace_s=4.0, root=root, schedule=SHORT)
+        seed.setup()
+        try:
+            row = seed.run()
+        finally:
+            seed.teardown()
     assert row["faults_injected"] == len(SHORT), row["faults"]
     assert row["budget_exact"], row
     for key in ("trials_lost", "trials_left_running", "routes_built_twice", "concurrent_duplicate_builds",
