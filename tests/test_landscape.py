@@ -40,7 +40,8 @@ def write_tiny_study(directory: Path, backend: str = "onnxruntime", options: dic
         "model": {"path": str(model)},
         "data": {"samples": 4, "gate_samples": 2},
         "accuracy": {"metric": "cosine", "tolerance": 0.001},
-        "objective": {"warmup_s": 0.0, "min_repeats": 5, "min_duration_s": 0.01},
+        "objective": {"warmup_s": 0.0, "min_repeats": 5, "min_duration_s": 0.01, "block_s": 0.002, "timing_cap_s": 0.3,
+                      "target_halfwidth": 0.1},  # short adaptive timings, as in conftest's study files
         "backend": {"name": backend, "options": options or {}, "space": {**SPACE, **space}},
         "run": {"budget": 4, "trial_timeout_s": 60.0},
     }
