@@ -76,18 +76,18 @@ def database(admin: str) -> str:
     return f"{admin.rsplit('/', 1)[0]}/{name}".replace("postgresql://", "postgresql+psycopg2://", 1)
 
 
-def run_config(code: Path, label: str, workers: int, trials: int, admin: str, tmp: Path) -> dict[str, Any]:
-    """Run the study with `code` and `workers`, confirm, and measure agreement and cost."""
+def run_config(code: Path, label: str, workers: int, trials: int, admin: str, tmp: Path, confirm: bool = True) -> dict[str, Any]:
+    """Run the study with `code` and `workers`, confirm (unless told not to: cost only), and measure agreement and cost."""
     name = f"bench-{label}-{workers}w"
     spec = study_file(code, tmp / name, name)
     url = database(admin)
     env = {**os.environ, "PYTHONPATH": str(code)}
     load_before = os.getloadavg()
     t0 = time.time()
-    run = subprocess.run([sys.executable, "-m", "tuner", "run", str(spec), "--storage", url, "--workers", str(workers), "--trials", str(trials)],
-                         cwd=code, env=env, capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "tuner", "run", str(spec), "--storage", url, "--workers", str(workers), "--trials", str(trials)]
+    run = subprocess.run(cmd + ([] if confirm else ["--no-confirm"]), cwd=code, env=env, capture_output=True, text=True)
     wall = time.time() - t0
-    out: dict[str, Any] = {"code": label, "workers": workers, "trials": trials, "returncode": run.returncode, "wall_s": round(wall, 1),
+    out: dict[str, Any] = {"code": label, "workers": workers, "trials": trials, "confirmed": confirm, "returncode": run.returncode, "wall_s": round(wall, 1),
                            "load_before": [round(v, 2) for v in load_before], "load_after": [round(v, 2) for v in os.getloadavg()],
                            "cpus": os.cpu_count(), "stdout_tail": run.stdout[-1500:]}
     if run.returncode != 0:
@@ -240,11 +240,12 @@ def table(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--workers", type=int, nargs="*", default=[1, 2])
     p.add_argument("--trials", type=int, default=16)
     p.add_argument("--before", default=None, help="git revision whose code is measured too (the 'before' figures)")
     p.add_argument("--before-workers", type=int, nargs="+", default=[1])
     p.add_argument("--before-trials", type=int, default=None, help="budget of the 'before' runs (default: --trials)")
+    p.add_argument("--before-no-confirm", action="store_true", help="the 'before' runs measure cost only (no confirmation)")
     p.add_argument("--admin", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--h200", type=Path, default=None, help="fold this H200 agreement run into the document and stop")
@@ -264,14 +265,14 @@ def main() -> None:
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="tuner-measure-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        plan: list[tuple[Path, str, int, int]] = []
+        plan: list[tuple[Path, str, int, int, bool]] = []
         if args.before:
             before = unpack(args.before, tmp / "before-code")
-            plan += [(before, f"before-{args.before}", w, args.before_trials or args.trials) for w in args.before_workers]
-        plan = [(REPO, f"after-{head}", w, args.trials) for w in args.workers] + plan
-        for code, label, workers, trials in plan:
+            plan += [(before, f"before-{args.before}", w, args.before_trials or args.trials, not args.before_no_confirm) for w in args.before_workers]
+        plan = [(REPO, f"after-{head}", w, args.trials, True) for w in args.workers] + plan
+        for code, label, workers, trials, confirm in plan:
             print(f"== {label}, {workers} worker(s), {trials} trials", flush=True)
-            result = run_config(code, label, workers, trials, args.admin, tmp)
+            result = run_config(code, label, workers, trials, args.admin, tmp, confirm)
             doc["configs"][f"{label.split('-')[0]}-{workers}w"] = {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
