@@ -141,7 +141,7 @@ with engine.connect() as db:
     loads = [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in db.execute(
         text("SELECT timing_info FROM tuner_measurements WHERE study = :s AND kind = 'trial'"), {"s": name})]
 medians = [r["median"] for r in rounds]
-timing, walls, waits, measuring = [], [], [], []
+timing, walls, waits, measuring, baseline_waits = [], [], [], [], []
 for t in trials:
     if not t.state.is_finished() or t.user_attrs.get("cache_hit") or "trial_wall_s" not in t.user_attrs:
         continue
@@ -151,6 +151,7 @@ for t in trials:
     timing.append(float(phases["time"]))
     walls.append(float(t.user_attrs["trial_wall_s"]))
     info = t.user_attrs.get("timing") or {}
+    baseline_waits.append(float(info.get("baseline_wait_s", 0.0)) + float(info.get("baseline_load_s", 0.0)))
     if "lock_wait_s" in info:
         waits.append(float(info["lock_wait_s"]))
         measuring.append(float(info.get("seconds", 0.0)) + sum(float(w.get("seconds", 0.0)) for w in (info.get("warmup") or {}).values()))
@@ -166,6 +167,7 @@ print(json.dumps({
     "trial_wall_s_median": statistics.median(walls) if walls else None,
     "timing_share_of_wall": sum(timing) / sum(walls) if walls else None, "trials_timed": len(timing),
     "lock_wait_s_median": statistics.median(waits) if waits else None,
+    "baseline_wait_and_load_s_median": statistics.median(baseline_waits) if baseline_waits else None,
     "warmup_and_measuring_s_median": statistics.median(measuring) if measuring else None,
     "slow_pruned": sum(1 for t in trials if t.user_attrs.get("failure_class") == "slow"),
     "races": {k: {kk: v.get(kk) for kk in ("speedup_refined", "speedup_refined_ci", "remeasured", "confirmed")} for k, v in racing.items()},
