@@ -18,6 +18,8 @@ headline was before confirmation) is recorded beside it.
 *cpu*: real studies, each a `tuner run` (1 worker, SQLite, real child processes, real ONNX
 Runtime timing and the real confirmation) of bench/fixed_cost.py's backend, whose knobs change
 nothing: every route runs the same model with the same session options. Then `tuner best --json`.
+The timing lock directory is the benchmark's own, so on a machine shared with other jobs its
+timings do not queue behind theirs (they are exclusive among the benchmark's own processes only).
 
 Both write their part of the top-level key "aa" of bench/results/measurement.json (other keys of
 that file, and the other part, are kept), with the load average and the time beside the figures.
@@ -49,6 +51,7 @@ from bench.landscape.oracle import Oracle  # noqa: E402
 from bench.landscape.strategies import TRIAL_CAP, Evaluator, ours_sampler  # noqa: E402
 from tuner import job as J  # noqa: E402
 from tuner.backends.replay.landscape import Landscape, Point, load_landscape  # noqa: E402
+from tuner.measure.exclusive import LOCK_DIR_ENV  # noqa: E402
 from tuner.study import confirm as C  # noqa: E402
 from tuner.study import outcome  # noqa: E402
 from tuner.study.summary import summarize_study  # noqa: E402
@@ -150,8 +153,8 @@ def _spec(tmp: Path, index: int, args: argparse.Namespace) -> Path:
     return spec
 
 
-def _tuner(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _tuner(*argv: str, locks: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), LOCK_DIR_ENV: str(locks)}
     return subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=REPO, env=env, capture_output=True, text=True, check=False)
 
 
@@ -159,10 +162,10 @@ def cpu_study(tmp: Path, index: int, args: argparse.Namespace) -> dict[str, Any]
     """One real A/A study: `tuner run` with its confirmation, then `tuner best --json`."""
     spec, url = _spec(tmp, index, args), f"sqlite:///{tmp / f'aa-{index}.db'}"
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
-    run = _tuner("run", str(spec), "--storage", url, "--confirm-top-k", str(args.top_k))
+    run = _tuner("run", str(spec), "--storage", url, "--confirm-top-k", str(args.top_k), locks=tmp / "locks")
     if run.returncode != 0:
         raise SystemExit(f"study {index}: tuner run failed ({run.returncode}): {run.stderr.strip().splitlines()[-1:]}")
-    best = json.loads(_tuner("best", str(spec), "--storage", url, "--json").stdout)
+    best = json.loads(_tuner("best", str(spec), "--storage", url, "--json", locks=tmp / "locks").stdout)
     return {"seed": index, "verdict": best["verdict"], "speedup": _r(best["speedup"]), "ci": _r(best["speedup_ci"]),
             "study_speedup": _r(best["study_speedup"]), "study_speedup_ci": _r(best.get("study_speedup_ci")),
             "wall_s": round(time.perf_counter() - t0, 1), "loadavg_1min_before": round(load_before, 2),
@@ -183,7 +186,9 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             r = rows[-1]
             print(f"study {i}: {r['verdict']} (study's own estimate {r['study_speedup']}, {r['wall_s']} s, load {r['loadavg_1min_after']})", flush=True)
     return {"backend": "bench.fixed_cost:FixedCostBackend (knobs a, b, c change nothing)", "model": "tests.models.conv_model (tiny CNN)",
-            "trials_per_study": args.trials, "workers": 1, "confirm_top_k": args.top_k, "timing_cap_s": args.timing_cap_s, **_rates(rows),
+            "trials_per_study": args.trials, "workers": 1, "confirm_top_k": args.top_k, "timing_cap_s": args.timing_cap_s,
+            "timing_lock": "private to this benchmark ($TUNER_LOCK_DIR): its timings were exclusive among its own processes, "
+                           "not against the other jobs sharing the machine (see loadavg)", **_rates(rows),
             "machine": _machine(load_before, t0), "studies_detail": rows}
 
 
