@@ -247,7 +247,7 @@ def write_part(part: str, doc: dict[str, Any], path: Path = RESULTS) -> None:
     results[KEY] = section
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")  # the format bench/measurement.py writes
     tmp.replace(path)
 
 
