@@ -152,3 +152,13 @@ class ClosingBackend(OnnxRuntimeBackend):
 
             runner.infer = fail  # type: ignore[method-assign]
         return runner
+
+
+class ChattyBackend(OnnxRuntimeBackend):
+    """ONNX Runtime whose build prints one line, so every trial that builds leaves a child log for the worker to upload."""
+
+    name = "chatty"
+
+    def build(self, route: Route, ctx: BuildContext) -> Artifact:
+        print(f"chatty: building precision={route['precision']}", flush=True)
+        return super().build(route, ctx)

@@ -61,6 +61,17 @@ def pg_url() -> Iterator[str]:
     conn.close()
 
 
+@pytest.fixture(scope="session")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny study's 6-route landscape (real ONNX Runtime builds in real children), recorded once per session.
+
+    Shared by the landscape and replay tests, which only read it: (study file, landscape file).
+    """
+    from tests.test_landscape import record_tiny_landscape
+
+    return record_tiny_landscape(tmp_path_factory.mktemp("landscape"))
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A SQLite database file in the test's temporary directory."""

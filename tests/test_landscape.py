@@ -58,11 +58,6 @@ def record_tiny_landscape(directory: Path, rounds: int = 2) -> tuple[Path, Path]
     return spec, out
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return record_tiny_landscape(tmp_path_factory.mktemp("landscape"))
-
-
 def test_every_route_is_recorded_with_outputs_samples_and_environment(recorded) -> None:
     spec_path, path = recorded
     ctx = Context(load_spec(spec_path), "")
@@ -180,8 +175,10 @@ def test_every_strategy_spends_builds_on_distinct_routes_and_is_scored(recorded,
         assert len({s.key for s in built}) == len(built)
     result = score(steps, oracle, budget=6)
     assert result["builds"] == len(built) and len(result["curve"]) == len(built)
-    if len({s.key for s in built}) == 6:  # saw every route: it must have chosen the best (routes differ by > 2x)
-        assert result["curve"][-1] == pytest.approx(1.0) and result["builds_to_2pct"] <= 6
+    reached = [oracle.truth[k] for k in {s.key for s in built}]  # tolerance 1.0: every recorded route is feasible
+    assert result["curve"][-1] == pytest.approx(min(reached) / oracle.best)  # 1.0 once it saw every route
+    if len(reached) == 6:
+        assert result["builds_to_2pct"] <= 6
 
 
 def test_scores_of_a_known_sequence(recorded) -> None:

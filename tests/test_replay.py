@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from tests.conftest import tuner
 from tests.helpers import trials
-from tests.test_landscape import record_tiny_landscape, write_tiny_study
+from tests.test_landscape import write_tiny_study
 from tuner.backends.replay.landscape import Landscape, Round, load_landscape
 from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.spec import load_spec
@@ -21,11 +21,6 @@ from tuner.study.setup import Context
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.loop import make_job
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return record_tiny_landscape(tmp_path_factory.mktemp("replay"))
 
 
 def replay_study(recorded: tuple[Path, Path], landscape: Path | None = None, **kw) -> Path:

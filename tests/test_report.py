@@ -28,6 +28,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path: Path) -> None:
     spec = write_spec(**{"accuracy.tolerance": 1e-9, "run.budget": 6, "run.startup_trials": 6,
                          "backend.space": {"precision": ["fp32", "fp16", "int8_dynamic"], "intra_op_threads": [0, 1]}})
+    first = tuner("run", str(spec), "--storage", pg_url, "--trials", "1", "--no-confirm")  # the default route only
+    assert first.returncode == 0, first.stderr[-3000:]
+    study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
+    study.enqueue_trial({**study.trials[0].params, "intra_op_threads": 1})  # a feasible fp32 route besides the default, for sure
     run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "6")
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "report"
@@ -51,10 +55,10 @@ def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path:
     assert conf["message"] in html.replace("&#x27;", "'")
     data = collect(Context(load_spec(spec), url), study)
     assert data.summary.best is not None and f"trial {data.summary.best.number}:" in html
-    if conf.get("trial") is not None:  # a candidate was re-measured: the distribution shows the confirmation samples
-        assert data.samples_kind == "confirm" and data.contender == conf["trial"]
-        runs = ResultStore(url).measurements("tiny", kind="confirm")
-        assert len(data.samples["default"]) == sum(len(m.samples_ms) for m in runs if m.trial_number == conf["baseline_trial"])
+    assert conf["trial"] is not None  # a candidate was re-measured: the distribution shows the confirmation samples
+    assert data.samples_kind == "confirm" and data.contender == conf["trial"]
+    runs = ResultStore(url).measurements("tiny", kind="confirm")
+    assert len(data.samples["default"]) == sum(len(m.samples_ms) for m in runs if m.trial_number == conf["baseline_trial"])
     assert {t.number for t in data.trials} == {t.number for t in study.trials}
     assert any(not t.feasible for t in data.trials)  # fp16/int8 break a 1e-9 tolerance
 

@@ -39,3 +39,11 @@ class EnvironmentFailure(TrialFailure):
     """The machine, not the route, failed (disk full, out of memory, device busy): never cached, run again."""
 
     failure_class: ClassVar[str] = J.ENVIRONMENT_ERROR
+
+
+def first_line(exc: BaseException | str, default: str = "") -> str:
+    """The first non-blank line of an exception's message (or of a text); `default` when there is none."""
+    for line in str(exc).strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return default

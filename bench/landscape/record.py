@@ -34,6 +34,7 @@ from tuner import __version__
 from tuner.backends.replay.capture import OPTION, captured_path, read_captured
 from tuner.backends.replay.landscape import Landscape, Outputs, Point, Round, feed_key, outputs_key
 from tuner.errors import TunerError
+from tuner.measure.inputs import read_feeds, save_feeds
 from tuner.measure.reference import load_reference
 from tuner.spec import load_spec
 from tuner.space import Route, route_hash
@@ -117,8 +118,7 @@ class Recorder:
             okey = outputs_key(outputs)
             path = self.dir / "outputs" / f"{okey}.npz"
             if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                np.savez(path, **{f"{i}/{n}": a for i, o in enumerate(outputs) for n, a in o.items()})
+                save_feeds(path, outputs)
             entry["outputs"] = okey
         shutil.rmtree(trial_dir, ignore_errors=True)
         return entry
@@ -166,7 +166,7 @@ class Recorder:
             mismatches += len(set(keys)) > 1
             okey = keys[0] if keys else None
             if okey and okey not in outputs:
-                outputs[okey] = _read_outputs(self.dir / "outputs" / f"{okey}.npz")
+                outputs[okey] = read_feeds(self.dir / "outputs" / f"{okey}.npz")
             points.append(Point(route, rounds, invalid, okey))
         return Landscape(self._meta(done, mismatches), points, [feed_key(f) for f in self.ctx.feeds],
                          load_reference(self.ctx.reference_path), outputs)
@@ -223,15 +223,6 @@ def _ordered(captured: dict[str, Outputs], feeds: list[str]) -> list[Outputs]:
     if missing:
         raise TunerError(f"the child recorded no outputs for {len(missing)} feed(s)")
     return [captured[k] for k in feeds]
-
-
-def _read_outputs(path: Path) -> list[Outputs]:
-    out: dict[int, Outputs] = {}
-    with np.load(path, allow_pickle=False) as npz:
-        for key in npz.files:
-            i, _, name = key.partition("/")
-            out.setdefault(int(i), {})[name] = npz[key]
-    return [out[i] for i in sorted(out)]
 
 
 def _finite(v: float | None) -> float | None:

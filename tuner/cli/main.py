@@ -9,7 +9,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from tuner.cli import build, dashboard, db, probe, report, results, run
 from tuner.cli.common import err_console
-from tuner.errors import TunerError
+from tuner.errors import TunerError, first_line
 
 app = typer.Typer(help="Find the fastest engine for an ONNX model within an accuracy tolerance.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -34,7 +34,7 @@ def main() -> None:
     except SQLAlchemyError as exc:
         from tuner.store.urls import scrub
 
-        msg = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        msg = first_line(getattr(exc, "orig", None) or exc)
         for arg in sys.argv:
             if "://" in arg:
                 msg = scrub(msg, arg)

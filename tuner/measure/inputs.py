@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tuner.errors import TunerError
+from tuner.files import atomic_path
 
 if TYPE_CHECKING:
     from tuner.spec import ModelSpec, Spec
@@ -123,18 +124,28 @@ def file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def save_feeds(path: Path, feeds: list[Feed]) -> None:
-    """Write feeds to an .npz (feed i's input X is stored as `i/X`), atomically."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **{f"{i}/{k}": v for i, f in enumerate(feeds) for k, v in f.items()})
-    tmp.replace(path)
+def save_groups(path: Path, groups: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+    """Write named groups of arrays to an .npz (array X of group g is stored as `g/X`), atomically."""
+    with atomic_path(path) as tmp:
+        np.savez(tmp, **{f"{g}/{k}": v for g, arrays in groups.items() for k, v in arrays.items()})
+
+
+def read_groups(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Read groups written by `save_groups` (in file order)."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    with np.load(path, allow_pickle=False) as npz:
+        for key in npz.files:
+            group, _, name = key.partition("/")
+            out.setdefault(group, {})[name] = npz[key]
+    return out
+
+
+def save_feeds(path: Path, feeds: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """Write feeds (or per-feed outputs) to an .npz: feed i's array X is stored as `i/X`."""
+    save_groups(path, {str(i): f for i, f in enumerate(feeds)})
 
 
 def read_feeds(path: Path) -> list[Feed]:
-    """Read feeds written by `save_feeds`."""
-    out: dict[int, Feed] = {}
-    with np.load(path, allow_pickle=False) as npz:
-        for key in npz.files:
-            i, _, name = key.partition("/")
-            out.setdefault(int(i), {})[name] = npz[key]
-    return [out[i] for i in sorted(out)]
+    """Read feeds written by `save_feeds`, in order."""
+    groups = read_groups(path)
+    return [groups[i] for i in sorted(groups, key=int)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner.files import atomic_path
 from tuner.measure.inputs import Feed, feeds_hash, file_hash
 
 # Bumped whenever a converter's output changes, so variants cached by an older recipe are not reused.
@@ -77,15 +77,9 @@ def make_variant(model: Path, options: VariantOptions, feeds: list[Feed], cache_
     out = cache_dir / f"{model.stem}.{opts.precision}.{key}.onnx"
     if out.exists():
         return out
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".onnx", dir=cache_dir)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with atomic_path(out) as tmp:  # concurrent workers may both convert; either result is identical
         _CONVERTERS[opts.precision](model, tmp, opts, feeds)
         _finish(tmp)
-        tmp.replace(out)  # atomic: concurrent workers may both convert; either result is identical
-    finally:
-        tmp.unlink(missing_ok=True)
     return out
 
 

@@ -8,6 +8,8 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError
 
+from tuner.errors import first_line
+
 _DTYPES = {
     onnx.TensorProto.FLOAT: "float32",
     onnx.TensorProto.FLOAT16: "float16",
@@ -37,8 +39,7 @@ def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise reader.fail("model.path", f"{path.name} fails the ONNX checker: {first}") from exc
+        raise reader.fail("model.path", f"{path.name} fails the ONNX checker: {first_line(exc, type(exc).__name__)}") from exc
     initializers = {i.name for i in model.graph.initializer}
     out: dict[str, tuple[str, list[int | None] | None]] = {}
     for inp in model.graph.input:

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError, SQLAlchemyError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, stop_never, wait_exponential
 
-from tuner.errors import TunerError
+from tuner.errors import TunerError, first_line
 from tuner.store.urls import mask_url, scrub
 
 VERSION_TABLE = "tuner_alembic_version"
@@ -124,7 +124,7 @@ def get_engine(url: str) -> Engine:
     try:
         return create_engine(url, **engine_kwargs(url))
     except (SQLAlchemyError, ImportError, ValueError) as exc:
-        raise TunerError(f"storage {mask_url(url)}: not a usable database URL ({scrub(str(exc), url).splitlines()[0]})") from exc
+        raise TunerError(f"storage {mask_url(url)}: not a usable database URL ({first_line(scrub(str(exc), url))})") from exc
 
 
 def check_reachable(url: str) -> None:
@@ -133,7 +133,7 @@ def check_reachable(url: str) -> None:
         with get_engine(url).connect() as conn:
             conn.execute(text("SELECT 1"))
     except OperationalError as exc:
-        reason = scrub(str(exc.orig or exc), url).strip().splitlines()[0]
+        reason = first_line(scrub(str(exc.orig or exc), url))
         raise TunerError(f"storage {mask_url(url)}: cannot connect ({reason})") from exc
 
 

@@ -22,7 +22,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial
 from sqlalchemy import text
 
-from tuner.errors import TunerError
+from tuner.errors import TunerError, first_line
 from tuner.store.db import engine_kwargs, get_engine
 from tuner.store.urls import mask_url, scrub
 
@@ -38,7 +38,7 @@ def open_storage(url: str, kind: type[RDBStorage] = RDBStorage, create_tables: b
     try:
         return kind(url, engine_kwargs=engine_kwargs(url), skip_table_creation=not create_tables)
     except Exception as exc:  # Optuna wraps schema and connection problems in several types
-        raise TunerError(f"storage {mask_url(url)}: {scrub(str(exc), url).strip().splitlines()[0]}") from exc
+        raise TunerError(f"storage {mask_url(url)}: {first_line(scrub(str(exc), url))}") from exc
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:

@@ -22,6 +22,7 @@ from pathlib import Path
 from tuner.backends import get_backend
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo, Runner
 from tuner.errors import TrialFailure
+from tuner.files import atomic_write
 from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.reference import load_reference
@@ -165,9 +166,7 @@ def main(argv: list[str]) -> int:
     signal.alarm(math.ceil(job.timeout_s + DEADLINE_MARGIN_S))
     try:
         res = run_job(job, result_path)
-        tmp = result_path.with_suffix(".tmp")
-        tmp.write_text(res.to_json())
-        tmp.replace(result_path)
+        atomic_write(result_path, res.to_json())
     except (OSError, MemoryError) as exc:
         if environment_fault(exc) is None:
             raise

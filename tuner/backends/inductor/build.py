@@ -31,6 +31,8 @@ from typing import Any
 from tuner.backends.base import Artifact, BuildContext, BuildError, Feed, ModelInfo
 from tuner.backends.inductor.engine import Engine
 from tuner.backends.inductor.space import MODULE, compile_options, resolve_device
+from tuner.errors import first_line
+from tuner.files import atomic_path
 from tuner.space import Route
 
 ARTIFACT = "inductor.tar"
@@ -94,7 +96,7 @@ def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -
                 engine.forward(args)
             engine.synchronize()
     except Exception as exc:  # Dynamo/Inductor raise many types (BackendCompilerFailed, Unsupported, ...)
-        raise BuildError(f"torch.compile: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise BuildError(f"torch.compile: {type(exc).__name__}: {first_line(exc)[:400]}") from exc
     if not codes:
         raise BuildError("Inductor generated no code for this model (it ran eagerly)")
     timings = {"source_s": round(source_s, 4), "compile_s": round(time.perf_counter() - t1, 4),
@@ -133,7 +135,7 @@ def load_source(model: ModelInfo, feed: Feed) -> tuple[Any, list[str]]:
     try:
         module = convert(str(model.path)).eval()
     except Exception as exc:  # onnx2torch signals unsupported ops with several exception types (NotImplementedError, KeyError)
-        raise BuildError(f"onnx2torch: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise BuildError(f"onnx2torch: {type(exc).__name__}: {first_line(exc)[:400]}") from exc
     return static_shapes(module, [feed[name] for name in model.input_shapes]), output_names
 
 
@@ -219,22 +221,16 @@ def code_digest(codes: list[str]) -> str:
 
 def pack(codes: list[str], manifest: dict[str, Any], out: Path) -> None:
     """Write the manifest and one `graph_NNN.py` per output code into the tar `out`, deterministically."""
-    tmp = out.with_suffix(".tmp")
     files = {"manifest.json": json.dumps(manifest, sort_keys=True, indent=1, default=str).encode()}
     files.update({f"graph_{i:03d}.py": code.encode() for i, code in enumerate(codes)})
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+    with atomic_path(out) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
-    tmp.replace(out)
 
 
 def _cache_hits(counters: Any) -> int:
     """Graphs served from Inductor's caches so far: AOTAutograd-cache hits plus FX-graph-cache hits."""
     return int(counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"])
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:400] if text else ""

@@ -7,8 +7,6 @@ route builds it again.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +16,8 @@ from tuner.backends.base import Artifact, BuildContext, BuildError
 from tuner.backends.onnxruntime.products import FailureBook, Product, fusion_switches, products, sensitivity_key
 from tuner.backends.onnxruntime.quant_space import recommendation
 from tuner.backends.onnxruntime.recipe import QuantOptions
+from tuner.errors import first_line
+from tuner.files import atomic_path
 from tuner.measure.inputs import feeds_hash, file_hash
 from tuner.precision import VariantOptions, make_variant
 from tuner.space import Route
@@ -47,7 +47,7 @@ def build(route: Route, ctx: BuildContext) -> Artifact:
     try:
         ort.InferenceSession(str(variant), opts, providers=PROVIDERS[str(route["provider"])])
     except Exception as exc:  # onnxruntime raises its own Fail/NotImplemented/InvalidGraph types
-        raise BuildError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+        raise BuildError(f"{type(exc).__name__}: {first_line(exc)}") from exc
     if not out.exists():
         raise BuildError("ONNX Runtime wrote no optimised model")
     return Artifact(out, time.perf_counter() - t0, {"variant": variant.name})
@@ -103,13 +103,8 @@ def _int8(prepared: Path, recipe: QuantOptions, stage: dict[str, Product], data_
         reduce = recommendation().reduce_range
         exclude = ranking(prepared, sensitivity_key(stage["prepared"], data_sha, reduce), ctx.calibration, cache, reduce)[: recipe.fp32_nodes]
         ctx.log(f"kept in fp32 (most sensitive first): {', '.join(exclude)}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".onnx", dir=cache)
-    os.close(fd)
-    try:
-        quantize(prepared, Path(tmp), recipe, ctx.calibration, exclude)
-        Path(tmp).replace(out)  # atomic: concurrent workers may both quantize; either result is identical
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_path(out) as tmp:  # concurrent workers may both quantize; either result is identical
+        quantize(prepared, tmp, recipe, ctx.calibration, exclude)
     return out
 
 
@@ -131,12 +126,7 @@ def _fused(model: Path, route: Route, ctx: BuildContext, key: str) -> Path:
         str(model), model_type=str(opts["model_type"]), num_heads=int(opts.get("num_heads", 0)),
         hidden_size=int(opts.get("hidden_size", 0)), optimization_options=fusion, opt_level=0,
     )
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".onnx", dir=cache)
-    os.close(fd)
-    try:
-        optimized.save_model_to_file(tmp)
-        Path(tmp).replace(out)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_path(out) as tmp:
+        optimized.save_model_to_file(str(tmp))
     ctx.log(f"transformer fusions: {optimized.get_fused_operator_statistics()}")
     return out

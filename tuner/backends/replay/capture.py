@@ -11,7 +11,6 @@ is how a GPU landscape is recorded by many workers at once (bench/gpu/landscape_
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 from tuner.backends import get_backend
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo, Runner
 from tuner.backends.replay.landscape import Outputs, feed_key
+from tuner.measure.inputs import read_groups, save_groups
 from tuner.space import Route, SearchSpace, route_hash
 
 OPTION = "capture_backend"
@@ -93,18 +93,10 @@ class CapturingRunner(Runner):
 
     def release(self) -> None:
         if self.seen:  # a runner only timed (a paired trial's baseline) has nothing to keep
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, **{f"{key}/{name}": a for key, out in self.seen.items() for name, a in out.items()})
-            tmp.replace(self.path)
+            save_groups(self.path, self.seen)
         self.runner.close()
 
 
 def read_captured(path: Path) -> dict[str, Outputs]:
     """The outputs saved by a CapturingRunner, keyed by feed_key."""
-    out: dict[str, Outputs] = {}
-    with np.load(path, allow_pickle=False) as npz:
-        for key in npz.files:
-            feed, _, name = key.partition("/")
-            out.setdefault(feed, {})[name] = npz[key]
-    return out
+    return dict(read_groups(path))

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import base64
 import gzip
-import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -22,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import TunerError
+from tuner.files import atomic_path
 from tuner.measure.inputs import feeds_hash
 from tuner.space import Route, route_hash
 
@@ -42,12 +41,7 @@ def decode_array(d: Mapping[str, Any]) -> np.ndarray:
 
 def feed_key(feed: Mapping[str, np.ndarray]) -> str:
     """A content hash of one feed (names, dtypes, shapes, bytes): how a replay finds its outputs."""
-    h = hashlib.sha256()
-    for name in sorted(feed):
-        a = np.asarray(feed[name], order="C")
-        h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:32]
+    return feeds_hash([dict(feed)])[:32]
 
 
 def outputs_key(outputs: list[Outputs]) -> str:
@@ -131,11 +125,8 @@ class Landscape:
 
     def save(self, path: Path) -> None:
         """Write `path` (.json.gz) atomically."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        with atomic_path(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
             json.dump(self.to_json(), f, separators=(",", ":"))
-        tmp.replace(path)
 
 
 def load_landscape(path: Path) -> Landscape:

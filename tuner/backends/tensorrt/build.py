@@ -7,9 +7,7 @@ kept apart from the native calls so they can be tested against a recording stand
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from tuner.backends.tensorrt.gpt import apply_route, compose_route, parse_knob_d
 from tuner.backends.tensorrt.options import TIMING_CACHE, TIMING_CACHE_POLICIES
 from tuner.backends.tensorrt.space import LEGACY_TACTICS, TACTICS, UNSET
 from tuner.backends.tensorrt.version import Features, TrtApi
+from tuner.files import atomic_write
 from tuner.precision import VariantOptions, make_variant
 from tuner.space import Route
 
@@ -185,12 +184,7 @@ class TimingCache:
         """Write the updated cache back (shared policy; atomic, the last writer wins)."""
         if self.policy != "shared":
             return
-        cache = config.get_timing_cache()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(memoryview(cache.serialize()))
-        Path(tmp).replace(self.path)
+        atomic_write(self.path, bytes(memoryview(config.get_timing_cache().serialize())))
 
 
 def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> Artifact:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 
-from tuner.errors import TunerError
+from tuner.errors import TunerError, first_line
 
 # Import names tried in order: the PyPI `tensorrt` package, its bare bindings, then TensorRT-RTX.
 MODULES = (("tensorrt", "tensorrt"), ("tensorrt_bindings", "tensorrt"), ("tensorrt_rtx", "tensorrt_rtx"), ("tensorrt_rtx_bindings", "tensorrt_rtx"))
@@ -83,7 +83,7 @@ def load_trt() -> TrtApi:
         try:
             module = importlib.import_module(name)
         except ImportError as exc:  # also OSError-derived load failures surface as ImportError
-            reasons.append(f"{name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            reasons.append(f"{name}: {first_line(exc, type(exc).__name__)}")
             continue
         return TrtApi(module, Features(flavor, str(module.__version__)))
     raise TunerError(f"no TensorRT module is importable (tried {', '.join(n for n, _ in MODULES)}); {reasons[0]}")
