@@ -52,7 +52,7 @@ from bench.landscape.strategies import TRIAL_CAP, Evaluator, ours_sampler  # noq
 from tuner import job as J  # noqa: E402
 from tuner.backends.replay.landscape import Landscape, Point, load_landscape  # noqa: E402
 from tuner.measure.exclusive import LOCK_DIR_ENV  # noqa: E402
-from tuner.study import confirm as C  # noqa: E402
+from tuner.worker import confirm as C  # noqa: E402
 from tuner.study import outcome  # noqa: E402
 from tuner.study.summary import summarize_study  # noqa: E402
 from tuner.study.verdict import SPEEDUP, decide  # noqa: E402

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tuner.spec import load_spec, resolve_storage  # noqa: E402
-from tuner.study.confirm import confirm  # noqa: E402
+from tuner.worker.confirm import confirm  # noqa: E402
 from tuner.study.setup import Context  # noqa: E402
 
 

@@ -15,14 +15,14 @@ from tests.conftest import SpecWriter, tuner
 from tuner.spec import load_spec
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
-from tuner.study import confirm as C
+from tuner.worker import confirm as C
 from tuner.study import verdict as V
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
 from tuner.measure.speedup import min_rounds, signed_rank_counts, speedup_interval
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
-from tuner.worker.loop import make_job
+from tuner.worker.jobs import make_job
 
 SAME_ENGINE = "tests.backends:SameEngineBackend"
 

@@ -124,6 +124,6 @@ def test_a_wheel_carries_the_migrations(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     (wheel,) = tmp_path.glob("route_tuner-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("tuner/migrations/env.py", "tuner/cli/dashboard.py", "tuner/report/plots.py", "tuner/study/confirm.py"):
+    for needed in ("tuner/migrations/env.py", "tuner/cli/dashboard.py", "tuner/report/plots.py", "tuner/worker/confirm.py"):
         assert needed in names, needed
     assert any(n.startswith("tuner/migrations/versions/") and n.endswith(".py") for n in names)

@@ -20,7 +20,7 @@ from tuner.store.urls import normalize_url
 from tuner.study.setup import Context
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
-from tuner.worker.loop import make_job
+from tuner.worker.jobs import make_job
 
 
 def replay_study(recorded: tuple[Path, Path], landscape: Path | None = None, **kw) -> Path:

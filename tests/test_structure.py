@@ -203,3 +203,79 @@ def test_no_module_but_the_adapter_touches_optuna_private_members() -> None:
     offenders = [str(p.relative_to(REPO)) for p in (REPO / "tuner").rglob("*.py")
                  if p.name != "optuna_adapter.py" and private.search(p.read_text())]
     assert offenders == []
+
+
+# -- the import structure --------------------------------------------------------------------
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the tuner modules it imports anywhere in its body (function-level imports too, not `if TYPE_CHECKING:`)."""
+    import ast
+
+    files = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p for p in (REPO / "tuner").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                       for n in ast.walk(block)}
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+        graph[name] = {m for m in found if m in files and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_structure() -> None:
+    graph = _import_graph()
+    assert len(graph) > 60  # the walk found the package
+    edges = [(a, b) for a, targets in graph.items() for b in targets]
+    assert ("tuner.worker.loop", "tuner.study.outcome") in edges  # the walk sees real imports
+
+    def crossing(src: str, dst: tuple[str, ...]) -> list[tuple[str, str]]:
+        return sorted((a, b) for a, b in edges if a.startswith(src) and b.startswith(dst))
+
+    assert crossing("tuner.backends", ("tuner.worker", "tuner.study")) == []
+    assert crossing("tuner.study", ("tuner.worker",)) == []  # the worker uses the study, never the other way round
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+    assert _cycles(graph) == []

@@ -41,7 +41,7 @@ from tuner.space import Route, route_hash
 from tuner.study.setup import Context
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
-from tuner.worker.loop import make_job
+from tuner.worker.jobs import make_job
 
 CAPTURE = "tuner.backends.replay.capture:CaptureBackend"
 NOT_RERUN = {J.BUILD_ERROR, J.RUNTIME_UNSUPPORTED, J.INVALID_ROUTE}  # deterministic failures

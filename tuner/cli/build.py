@@ -13,7 +13,7 @@ from tuner.cli.common import SpecArg, console, context, fmt_ms
 from tuner.errors import TunerError
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
-from tuner.worker.loop import make_job
+from tuner.worker.jobs import make_job
 
 
 def build(

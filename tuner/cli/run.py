@@ -72,7 +72,7 @@ def run(
 
 def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float) -> None:
     """Confirm the winner in fresh interleaved processes, then print the verdict with its interval."""
-    from tuner.study.confirm import confirm
+    from tuner.worker.confirm import confirm
     from tuner.study.note import update_note
 
     err_console.print(f"confirming: re-measuring up to {top_k} candidate(s) against the default route ...")

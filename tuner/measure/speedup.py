@@ -1,7 +1,7 @@
 """Speedups and location intervals from paired log ratios: Hodges-Lehmann with a Wilcoxon signed-rank interval.
 
 Used by the per-trial paired measurement (`tuner.measure.paired`, one log ratio per ABBA cycle of
-blocks) and by the end-of-study confirmation (`tuner.study.confirm`, one log ratio per round of
+blocks) and by the end-of-study confirmation (`tuner.worker.confirm`, one log ratio per round of
 fresh processes). A pair yields d = log(default / candidate), measured under the same machine
 conditions, so slow drift (thermal state, a noisy neighbour, clock changes) cancels. The speedup is
 exp of the Hodges-Lehmann estimate of the d's (the median of their Walsh averages) and its interval

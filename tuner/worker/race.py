@@ -27,6 +27,7 @@ from tuner.study import racing
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
 from tuner.worker.isolate import ChildHandle, run_isolated
+from tuner.worker.jobs import make_job, measurement_stats
 
 log = logging.getLogger("tuner.worker")
 KIND = "race"
@@ -94,8 +95,6 @@ class Racer:
 
     def _remeasure(self, trial: FrozenTrial, engine: dict[str, Any]) -> J.Result:
         """Time the trial's stored artifact again, paired with the baseline engine, in a fresh child."""
-        from tuner.worker.loop import make_job
-
         sha = trial.user_attrs.get("artifact_sha256")
         record = self.results.artifact(sha) if sha else None
         run_dir = self.ctx.work_dir / "race" / f"{trial.number:05d}-{time.time_ns()}"
@@ -108,8 +107,6 @@ class Racer:
 
     def _record(self, number: int, result: J.Result | None, baseline_value: float | None) -> bool:
         """Keep the re-measurement, pool every paired cycle of the trial, update its racing entry, release the claim."""
-        from tuner.worker.loop import measurement_stats
-
         ok = result is not None and result.status == J.OK and bool(result.paired.get("paired"))
         for attempt in db_retry():
             with attempt:

@@ -36,7 +36,7 @@ from tuner.study.summary import summarize_study
 from tuner.study.verdict import DEFAULT_IS_FASTEST, NO_SIGNIFICANT, SPEEDUP
 from tuner import job as J
 from tuner.worker.isolate import ChildHandle, run_isolated
-from tuner.worker.loop import make_job
+from tuner.worker.jobs import make_job
 
 ATTR = "confirmation"
 METHOD = ("Hodges-Lehmann speedup with an exact Wilcoxon signed-rank interval over per-round log ratios of "

@@ -1,0 +1,40 @@
+"""The child's job for a route of a study, and what a kept measurement records of its pairing.
+
+Used by every path that runs a route in a child: the worker loop, racing, confirmation, `tuner build`
+and the landscape recorder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tuner import job as J
+from tuner.study.setup import Context
+
+
+def measurement_stats(result: J.Result) -> dict[str, Any]:
+    """What a kept measurement records of its pairing: the ratio, its interval, the per-cycle log ratios."""
+    p = result.paired
+    return {"paired": {k: p[k] for k in ("paired", "speedup", "ci", "stop", "cycles", "log_ratios", "baseline_latency") if k in p}} if p else {}
+
+
+def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any) -> J.Job:
+    """The child's job for building and measuring `route` of the study `ctx`.
+
+    `pairing` sets the job's role, baseline, baseline_gate and incumbent (see `tuner.job.Job`);
+    without it the route is timed alone.
+    """
+    spec = ctx.spec
+    o = spec.objective
+    return J.Job(
+        backend=spec.backend.name, route=route, model_path=str(spec.model.path),
+        input_shapes={k: list(v) for k, v in spec.model.inputs.items()}, options=spec.backend.options,
+        work_dir=str(ctx.work_dir), out_dir=str(out_dir), feeds_path=str(ctx.feeds_path),
+        reference_path=str(ctx.reference_path), metric=spec.accuracy.metric, tolerance=spec.accuracy.tolerance,
+        atol=spec.accuracy.atol, rtol=spec.accuracy.rtol, gate_samples=spec.data.gate_samples,
+        warmup_s=spec.objective.warmup_s, min_repeats=spec.objective.min_repeats,
+        min_duration_s=spec.objective.min_duration_s, timeout_s=spec.run.trial_timeout_s,
+        statistic=o.statistic, mode=o.mode, target_halfwidth=o.target_halfwidth, timing_cap_s=o.timing_cap_s, block_s=o.block_s,
+        **pairing,
+    )
