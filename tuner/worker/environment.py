@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import re
 
+from tuner.errors import first_line
+
 # errno values that describe the machine, not the route.
 ENV_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EBUSY, errno.EMFILE, errno.ENFILE, errno.EROFS})
 
@@ -34,8 +36,7 @@ def environment_fault(exc: BaseException) -> str | None:
             return f"MemoryError: out of memory {str(current)[:200]}".strip()
         if isinstance(current, OSError) and current.errno in ENV_ERRNOS:
             return f"{type(current).__name__} {errno.errorcode.get(current.errno or 0, '?')}: {current.strerror or current}"[:300]
-        first = str(current).strip().splitlines()[0] if str(current).strip() else ""
         if ENV_MESSAGE.search(str(current)):
-            return f"{type(current).__name__}: {first}"[:300]
+            return f"{type(current).__name__}: {first_line(current)}"[:300]
         current = current.__cause__ or current.__context__
     return None

@@ -28,7 +28,6 @@ Runners whose latencies are replayed (`Runner.simulated`) keep the plain unpaire
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
@@ -37,6 +36,7 @@ from typing import Any
 
 from tuner import job as J
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, Runner
+from tuner.files import atomic_write
 from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
 from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
 from tuner.measure.timing import TimingPolicy, measure, summarize
@@ -63,9 +63,7 @@ class BaselineGate:
 
     def publish(self, baseline: dict[str, Any]) -> None:
         """Announce the baseline's stored artifact (while the gate is still held)."""
-        tmp = self.record.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(baseline))
-        tmp.replace(self.record)
+        atomic_write(self.record, json.dumps(baseline))
 
     def wait(self) -> dict[str, Any] | None:
         """Block until no worker holds the gate; the published baseline, or None."""

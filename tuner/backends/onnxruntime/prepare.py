@@ -17,12 +17,13 @@ the prepared model, stored with the study and shown by `tuner space`:
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tuner.files import atomic_write
 
 QUANT_OPSET = 13
 
@@ -47,7 +48,7 @@ def prepare(source: Path, key: str, cache_dir: Path, log: Any = print) -> Prepar
         steps = _run_steps(source, work)
         final = work / "model.onnx"
         final.replace(out)  # atomic; concurrent workers produce identical files
-    _write_atomic(record, json.dumps({"source": source.name, "key": key, "steps": steps}, indent=1))
+    atomic_write(record, json.dumps({"source": source.name, "key": key, "steps": steps}, indent=1))
     for step in steps:
         log(f"preparation {step['step']}: {step['status']} {step.get('detail', '')}".rstrip())
     return Prepared(out, steps)
@@ -147,9 +148,3 @@ def _pre_process(src: Path, out: Path) -> dict[str, Any]:
     src.replace(out)
     return {"step": "quant_pre_process", "status": "failed", "detail": "; ".join(errors)}
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    Path(tmp).replace(path)

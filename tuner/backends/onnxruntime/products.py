@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner.backends.onnxruntime.recipe import QuantOptions
+from tuner.files import atomic_write
 from tuner.space import Route
 
 FUSIONS = {
@@ -82,11 +81,7 @@ class FailureBook:
 
     def record(self, product: Product, message: str) -> None:
         """Remember that `product` cannot be made (first writer wins; later ones are identical)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{product.key}.", dir=self.dir)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"kind": product.kind, "key": product.key, "message": message[:2000]}, f)
-        Path(tmp).replace(self.dir / f"{product.key}.json")
+        atomic_write(self.dir / f"{product.key}.json", json.dumps({"kind": product.kind, "key": product.key, "message": message[:2000]}))
 
     def lookup(self, needed: list[Product]) -> tuple[Product, str] | None:
         """The first needed product already known to fail, with its recorded message."""
