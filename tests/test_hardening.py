@@ -27,7 +27,7 @@ from tests.helpers import start_tuner, status, trials, wait_for_file
 from tuner import job as J
 from tuner.spec import load_spec
 from tuner.study.setup import Context
-from tuner.worker.loop import make_job
+from tuner.worker.jobs import make_job
 
 FAULT = "tests.backends:FaultBackend"
 

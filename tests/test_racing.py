@@ -127,7 +127,7 @@ def test_a_baseline_that_does_not_load_leaves_the_candidate_timed_alone(write_sp
     from tuner.spec import load_spec
     from tuner.study.setup import Context
     from tuner.worker.isolate import run_isolated
-    from tuner.worker.loop import make_job
+    from tuner.worker.jobs import make_job
 
     ctx = Context(load_spec(write_spec()), f"sqlite:///{tmp_path / 'x.db'}")
     broken = tmp_path / "baseline.onnx"
