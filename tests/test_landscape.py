@@ -27,7 +27,11 @@ from tuner.study.setup import Context
 from tuner import job as J
 
 SPACE = {"precision": ["fp32", "int8_dynamic"], "graph_optimization_level": ["all", "disabled"], "execution_mode": ["sequential"],
-         "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True]}  # 6 routes
+         "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True],
+         # the int8 knobs at their defaults but per-channel (ONNX Runtime's int8 routes grew them; 50 routes otherwise)
+         "quant_types": ["U8S8"], "quant_format": ["qdq"], "activation_symmetric": [False], "weight_symmetric": [True],
+         "weight_type": ["S8"], "reduce_range": [True], "calibration": ["minmax"], "percentile": [99.999], "quant_ops": ["all"],
+         "fp32_nodes": [0], "int8_graph_level": ["all"]}  # 6 routes
 
 
 def write_tiny_study(directory: Path, backend: str = "onnxruntime", options: dict | None = None, name: str = "study.toml",
