@@ -88,3 +88,39 @@ def vad_model(path: Path, seed: int = 0) -> Path:
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
     return path
+
+
+def endless_loop_model(path: Path) -> Path:
+    """A valid model that ONNX Runtime runs for ever: a Loop of 10^15 iterations adding 1 to `x` [1,10]."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1, 10])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(np.ones((1, 10), np.float32), "one")],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)], "endless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(np.array(10**15, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond")],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def unknown_op_model(path: Path) -> Path:
+    """A model the ONNX checker accepts but ONNX Runtime cannot load: one op of an unregistered domain."""
+    graph = helper.make_graph(
+        [helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example.unknown")], "unknown_op",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example.unknown", 1)]), path)
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

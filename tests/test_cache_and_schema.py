@@ -9,6 +9,7 @@ from sqlalchemy import create_engine, inspect, text
 from tests.conftest import tuner
 from tests.helpers import trials
 from tests.models import conv_model
+from tuner.store.db import head_revision
 from tuner.store.urls import normalize_url
 
 FAULT = "tests.backends:FaultBackend"
@@ -48,7 +49,7 @@ def test_first_run_sets_up_both_schemas_apart(write_spec, pg_url) -> None:
     assert {"tuner_results", "tuner_measurements", "tuner_environments", "tuner_artifacts", "tuner_leases",
             "tuner_studies", "tuner_alembic_version"} <= tables  # ours, with their own version table
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM tuner_alembic_version")).scalar() == "0001"
+        assert conn.execute(text("SELECT version_num FROM tuner_alembic_version")).scalar() == head_revision()
         assert conn.execute(text("SELECT count(*) FROM tuner_measurements")).scalar() == 1
         samples = conn.execute(text("SELECT samples_ms FROM tuner_measurements")).scalar()
     assert len(samples) >= 5
@@ -58,8 +59,9 @@ def test_first_run_sets_up_both_schemas_apart(write_spec, pg_url) -> None:
 def test_db_upgrade_on_an_empty_database_and_refusal_of_a_newer_schema(write_spec, pg_url) -> None:
     up = tuner("db", "upgrade", "--storage", pg_url)
     assert up.returncode == 0, up.stderr
-    assert "none -> 0001" in up.stdout
-    assert "0001 -> 0001" in tuner("db", "upgrade", "--storage", pg_url).stdout
+    head = head_revision()
+    assert f"none -> {head}" in up.stdout
+    assert f"{head} -> {head}" in tuner("db", "upgrade", "--storage", pg_url).stdout
     engine = create_engine(normalize_url(pg_url))
     with engine.begin() as conn:
         conn.execute(text("UPDATE tuner_alembic_version SET version_num = '9999'"))

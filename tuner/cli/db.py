@@ -9,7 +9,7 @@ import typer
 
 from tuner.cli.common import StorageOpt, console, context
 from tuner.errors import TunerError
-from tuner.store.db import check_reachable, upgrade_schema
+from tuner.store.db import check_reachable, schema_lock, upgrade_schema
 from tuner.store.urls import mask_url, normalize_url
 
 app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
@@ -27,6 +27,7 @@ def upgrade(spec: Annotated[Path | None, typer.Argument(help="A study file namin
 
     from tuner.study.optuna_adapter import open_storage
 
-    open_storage(url).upgrade()
-    before, after = upgrade_schema(url)
+    with schema_lock(url):  # two first-time upgrades at once would both create the tables
+        open_storage(url).upgrade()
+        before, after = upgrade_schema(url)
     console.print(f"{mask_url(url)}: optuna schema {optuna.__version__}-compatible; tuner schema {before or 'none'} -> {after}")

@@ -1,4 +1,4 @@
-"""Database access: engines sized for the workers, schema migration, the database clock, study locks."""
+"""Database access: engines with bounded waits, schema migration, the database clock, study and schema locks."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ import functools
 import hashlib
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy import Connection, Engine, create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError, SQLAlchemyError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, stop_never, wait_exponential
@@ -25,6 +27,8 @@ from tuner.errors import TunerError, first_line
 from tuner.store.urls import mask_url, scrub
 
 VERSION_TABLE = "tuner_alembic_version"
+SCHEMA_LOCK = "route-tuner/schema"  # not a study lock name: study names cannot contain '/'
+TIMEOUTS_ENV = "TUNER_PG_TIMEOUTS"
 log = logging.getLogger("tuner.store")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -111,11 +115,70 @@ def retried(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class PgTimeouts:
+    """Bounds on how long a PostgreSQL connection may wait, so one stuck or partitioned host stalls no other.
+
+    `statement_s`/`lock_s`: the longest statement and lock wait; `idle_tx_s`: a session idle inside a
+    transaction is ended by the server; `keepalive_*`: TCP keepalives on both ends (the server drops a
+    partitioned client's session, releasing its advisory locks, in about idle + interval * count seconds);
+    `lock_hold_s`: a session holding a study or schema lock while idle that long is ended by the server
+    (a frozen holder). Override with `$TUNER_PG_TIMEOUTS`, e.g. `lock_hold_s=300,statement_s=600`.
+    """
+
+    statement_s: float = 300.0
+    lock_s: float = 60.0
+    idle_tx_s: float = 300.0
+    keepalive_idle_s: int = 30
+    keepalive_interval_s: int = 10
+    keepalive_count: int = 3
+    lock_hold_s: float = 120.0
+
+    @classmethod
+    def from_env(cls) -> PgTimeouts:
+        """The defaults, overridden by `$TUNER_PG_TIMEOUTS` (comma-separated name=seconds)."""
+        raw = os.environ.get(TIMEOUTS_ENV, "").strip()
+        if not raw:
+            return cls()
+        values: dict[str, Any] = {}
+        names = {f.name: f.type for f in fields(cls)}
+        for item in raw.split(","):
+            name, _, value = item.partition("=")
+            name = name.strip()
+            try:
+                if name not in names:
+                    raise ValueError
+                values[name] = int(value) if names[name] == "int" else float(value)
+                if values[name] <= 0:
+                    raise ValueError
+            except ValueError:
+                raise TunerError(f"${TIMEOUTS_ENV}: {item.strip()!r}: expected name=positive number, names: {', '.join(names)}") from None
+        return cls(**values)
+
+    def connect_args(self) -> dict[str, Any]:
+        """libpq connection parameters: client keepalives and the server-side session limits."""
+        server = {
+            "statement_timeout": _ms(self.statement_s), "lock_timeout": _ms(self.lock_s),
+            "idle_in_transaction_session_timeout": _ms(self.idle_tx_s), "tcp_keepalives_idle": self.keepalive_idle_s,
+            "tcp_keepalives_interval": self.keepalive_interval_s, "tcp_keepalives_count": self.keepalive_count,
+        }
+        return {
+            "connect_timeout": 10, "keepalives": 1, "keepalives_idle": self.keepalive_idle_s,
+            "keepalives_interval": self.keepalive_interval_s, "keepalives_count": self.keepalive_count,
+            "options": " ".join(f"-c {k}={v}" for k, v in server.items()),
+        }
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
 def engine_kwargs(url: str) -> dict:
-    """Engine options for our tables and Optuna's: pre-ping and recycling; SQLite waits for locks."""
+    """Engine options for our tables and Optuna's: pre-ping, recycling, bounded waits; SQLite waits for locks."""
     if make_url(url).get_backend_name() == "sqlite":
         return {"connect_args": {"timeout": 120}}
-    return {"pool_pre_ping": True, "pool_recycle": 300, "pool_size": 2, "max_overflow": 4, "connect_args": {"connect_timeout": 10}}
+    return {"pool_pre_ping": True, "pool_recycle": 300, "pool_size": 2, "max_overflow": 4,
+            "connect_args": PgTimeouts.from_env().connect_args()}
 
 
 @cache
@@ -138,11 +201,14 @@ def check_reachable(url: str) -> None:
 
 
 def _script_location() -> str:
-    """The migrations folder: installed as `tuner.migrations`, or `migrations/` beside `tuner/` in a checkout."""
-    try:
-        return str(resources.files("tuner.migrations"))
-    except ModuleNotFoundError:
-        return str(Path(__file__).resolve().parents[2] / "migrations")
+    """The migrations folder: `migrations/` beside this `tuner/` in a checkout, else the installed `tuner.migrations`.
+
+    The checkout comes first so that an editable install never migrates with another tree's revisions.
+    """
+    beside = Path(__file__).resolve().parents[2] / "migrations"
+    if (beside / "env.py").is_file():
+        return str(beside)
+    return str(resources.files("tuner.migrations"))
 
 
 def _alembic_config(connection: object) -> object:
@@ -171,7 +237,10 @@ def head_revision() -> str:
 
 
 def upgrade_schema(url: str) -> tuple[str | None, str]:
-    """Migrate our tables to head (refusing a schema newer than this code); returns (before, after)."""
+    """Migrate our tables to head (refusing a schema newer than this code); returns (before, after).
+
+    Call under `schema_lock` (two first-time set-ups at once would both create the tables).
+    """
     from alembic import command
     from alembic.script import ScriptDirectory
 
@@ -183,15 +252,11 @@ def upgrade_schema(url: str) -> tuple[str | None, str]:
             f"(head {head_revision()}); upgrade route-tuner on this machine"
         )
     if before != head_revision():
-        engine = get_engine(url)
-        with engine.begin() as conn:
+        with get_engine(url).begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SET LOCAL statement_timeout = 0"))  # a migration may take long; it holds the schema lock
             command.upgrade(_alembic_config(conn), "head")  # type: ignore[arg-type]
     return before, head_revision()
-
-
-def ensure_schema(url: str) -> None:
-    """Create or migrate our tables as needed before a run (an empty database is set up here)."""
-    upgrade_schema(url)
 
 
 def db_epoch(conn: object) -> float:
@@ -202,30 +267,94 @@ def db_epoch(conn: object) -> float:
     return float(conn.execute(text(sql)).scalar())  # type: ignore[attr-defined]
 
 
-@contextlib.contextmanager
-def study_lock(url: str, study: str) -> Iterator[None]:
-    """An exclusive lock per study across processes and hosts.
+class HeldLock:
+    """A lock held by `named_lock`; `check()` raises a database error if the server has ended its session."""
 
-    PostgreSQL: a session advisory lock (released by the server if the holder dies). SQLite (one host):
-    an flock on a file beside the database.
+    def __init__(self, conn: Connection | None = None) -> None:
+        self.conn = conn
+
+    def check(self) -> None:
+        """Still held? (A frozen holder's session is ended by the server after `lock_hold_s` idle.)"""
+        if self.conn is not None:
+            self.conn.execute(text("SELECT 1"))
+            self.conn.commit()
+
+
+def lock_key(name: str) -> int:
+    """The PostgreSQL advisory-lock key of a named lock."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def named_lock(url: str, name: str, lock_file: Path) -> Iterator[HeldLock]:
+    """An exclusive lock across processes and hosts.
+
+    PostgreSQL: a session advisory lock, released by the server if the holder dies, is partitioned
+    away (TCP keepalives) or sits idle holding it for `lock_hold_s` (frozen); a wait longer than
+    `lock_timeout` logs who holds it and goes on waiting. SQLite (one host): an flock on `lock_file`.
     """
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql":
-        key = int.from_bytes(hashlib.sha256(f"route-tuner:{study}".encode()).digest()[:8], "big", signed=True)
-        with get_engine(url).connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
-            conn.commit()
+    if make_url(url).get_backend_name() != "postgresql":
+        with open(lock_file, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
             try:
-                yield
+                yield HeldLock()
             finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                conn.commit()
+                fcntl.flock(f, fcntl.LOCK_UN)
         return
-    database = parsed.database or ""
-    lock_path = Path(f"{database}.{study}.lock") if database and database != ":memory:" else Path(f"/tmp/route-tuner-{study}.lock")
-    with open(lock_path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    key = lock_key(name)
+    with get_engine(url).connect() as conn:
+        _acquire(conn, key, name)
+        hold = conn.dialect.server_version_info >= (14,)
+        if hold:  # idle_session_timeout exists from PostgreSQL 14
+            conn.execute(text(f"SET idle_session_timeout = {_ms(PgTimeouts.from_env().lock_hold_s)}"))
+        conn.commit()
         try:
-            yield
+            yield HeldLock(conn)
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            _release(conn, key, name, hold)
+
+
+def _acquire(conn: Connection, key: int, name: str) -> None:
+    from psycopg2.errors import LockNotAvailable
+
+    while True:
+        try:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            return
+        except OperationalError as exc:
+            if not isinstance(exc.orig, LockNotAvailable):
+                raise
+            conn.rollback()
+            holder = conn.execute(text(
+                "SELECT a.pid, a.client_addr, a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :hi AND l.objid = :lo"),
+                {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF}).first()
+            conn.commit()
+            log.warning("still waiting for the lock %s (held by server pid %s from %s)", name,
+                        holder[0] if holder else "?", holder[1] if holder else "?")
+
+
+def _release(conn: Connection, key: int, name: str, hold: bool) -> None:
+    try:
+        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+        if hold:
+            conn.execute(text("RESET idle_session_timeout"))
+        conn.commit()
+    except OperationalError as exc:  # the session is gone, and the server released the lock with it
+        log.warning("the lock %s was released by the server before this process finished with it (%s)",
+                    name, type(exc.orig or exc).__name__)
+
+
+def _sqlite_lock_file(url: str, suffix: str) -> Path:
+    database = make_url(url).database or ""
+    return Path(f"{database}.{suffix}") if database and database != ":memory:" else Path(f"/tmp/route-tuner-{suffix}")
+
+
+def study_lock(url: str, study: str) -> contextlib.AbstractContextManager[HeldLock]:
+    """The per-study lock: counting the budget and asking, reaping."""
+    return named_lock(url, f"route-tuner:{study}", _sqlite_lock_file(url, f"{study}.lock"))
+
+
+def schema_lock(url: str) -> contextlib.AbstractContextManager[HeldLock]:
+    """The lock around creating and migrating Optuna's tables and ours (one set-up at a time)."""
+    return named_lock(url, SCHEMA_LOCK, _sqlite_lock_file(url, "schema-migration"))

@@ -1,15 +1,19 @@
 """Leases: every running trial has an owner and a heartbeat on the database clock.
 
 A trial whose owner is gone (SIGKILL, power loss) stops beating; any live worker, or the next
-`tuner run`, sees its lease expire and reaps it. A lease owned by a dead process on the same host
-is reaped at once, without waiting for the grace period.
+`tuner run`, sees its lease expire and reaps it. A lease owned by a dead process on this very host
+(same boot and PID namespace, not merely the same hostname) is reaped at once. A RUNNING trial
+without a lease (its worker died between asking and leasing) is given an ownerless lease when first
+seen, so it ages on the database clock too, never on a host's own clock.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -17,7 +21,24 @@ from sqlalchemy.orm import Session
 from tuner.store.db import db_epoch, get_engine, retried
 from tuner.store.models import Lease
 
-HOST = socket.gethostname()
+
+def host_identity() -> str:
+    """This host as seen by PID checks: hostname, boot id and PID namespace.
+
+    Containers may share a hostname; only a process with the same boot id and PID namespace can
+    tell whether a PID is alive, so leases written elsewhere are judged by their heartbeat alone.
+    """
+    parts = [socket.gethostname()]
+    try:
+        parts.append("boot=" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:13])
+        parts.append("pidns=" + os.readlink("/proc/self/ns/pid").removeprefix("pid:[").rstrip("]"))
+    except OSError:  # not Linux: the hostname is all there is
+        pass
+    return " ".join(parts)
+
+
+HOST = host_identity()
+UNOWNED = "?"  # worker name of a lease recorded for a RUNNING trial found without one
 
 
 @dataclass(frozen=True)
@@ -26,7 +47,7 @@ class Owner:
 
     worker: str
     host: str = HOST
-    pid: int = os.getpid()
+    pid: int = field(default_factory=os.getpid)
 
 
 class Leases:
@@ -38,11 +59,11 @@ class Leases:
 
     @retried
     def take(self, trial_id: int, owner: Owner) -> None:
-        """Start a lease on a trial that was just asked for."""
+        """Start a lease on a trial that was just asked for (replacing an ownerless one)."""
         with Session(self.engine) as s, s.begin():
-            now = db_epoch(s)
-            s.merge(Lease(trial_id=trial_id, study=self.study, worker=owner.worker, host=owner.host, pid=owner.pid,
-                          heartbeat_at=now, state="running"))
+            values = {"study": self.study, "worker": owner.worker, "host": owner.host, "pid": owner.pid,
+                      "heartbeat_at": db_epoch(s), "state": "running"}
+            s.execute(_insert(s).values(trial_id=trial_id, **values).on_conflict_do_update(index_elements=["trial_id"], set_=values))
 
     def beat(self, trial_id: int) -> None:
         """Refresh the heartbeat of a running lease."""
@@ -56,44 +77,56 @@ class Leases:
             s.execute(update(Lease).where(Lease.trial_id == trial_id).values(state="done"))
 
     @retried
-    def expired(self, running_trial_ids: list[int], started_at: dict[int, float], grace_s: float,
-                trust_heartbeats: bool = True) -> list[int]:
-        """Which of the RUNNING trials have lost their owner.
+    def expired(self, running_trial_ids: list[int], grace_s: float, trust_heartbeats: bool = True) -> list[int]:
+        """Which of the RUNNING trials have lost their owner (to be confirmed by `claim_reap`).
 
         A lease is expired when its heartbeat is older than `grace_s` by the database clock, or its
-        owner is a dead process on this host. A RUNNING trial with no lease at all (its worker died
-        between asking and leasing) is expired once it is older than `grace_s`. With
+        owner is a dead process on this host. A RUNNING trial with no lease gets an ownerless one
+        stamped now (database clock), so it expires `grace_s` after it was first seen. With
         `trust_heartbeats` off (just after a database outage, when every heartbeat is stale) only
         dead owners count.
         """
         if not running_trial_ids:
             return []
-        with Session(self.engine) as s:
+        with Session(self.engine) as s, s.begin():
             now = db_epoch(s)
             rows = {r.trial_id: r for r in s.scalars(select(Lease).where(Lease.trial_id.in_(running_trial_ids)))}
-        lost = []
-        for tid in running_trial_ids:
-            lease = rows.get(tid)
-            if lease is None:
-                if trust_heartbeats and now - started_at.get(tid, now) > grace_s:
-                    lost.append(tid)
-            elif lease.state == "running" and ((trust_heartbeats and now - lease.heartbeat_at > grace_s)
-                                               or (lease.host == HOST and not _alive(lease.pid))):
-                lost.append(tid)
-        return lost
+            for tid in running_trial_ids:
+                if tid not in rows:
+                    s.execute(_insert(s).values(trial_id=tid, study=self.study, worker=UNOWNED, host=UNOWNED, pid=0,
+                                                heartbeat_at=now, state="running").on_conflict_do_nothing(index_elements=["trial_id"]))
+            return [tid for tid, lease in rows.items()
+                    if lease.state == "running" and ((trust_heartbeats and now - lease.heartbeat_at > grace_s) or _dead_here(lease))]
 
     @retried
-    def claim_reap(self, trial_id: int) -> bool:
-        """Mark a lease reaped; False if it is no longer running. Call under the study lock."""
+    def claim_reap(self, trial_id: int, grace_s: float) -> bool:
+        """Mark a lost lease reaped, in one conditional UPDATE; False if its owner turned out to be alive.
+
+        Claimed only if the lease is still running and, at this moment by the database clock, its
+        heartbeat is older than `grace_s` or its owner is a dead process on this host. Call under the
+        study lock, before failing the trial.
+        """
         with Session(self.engine) as s, s.begin():
-            existing = s.get(Lease, trial_id)
-            if existing is None:
-                s.add(Lease(trial_id=trial_id, study=self.study, worker="?", host="?", pid=0, heartbeat_at=db_epoch(s), state="reaped"))
-                return True
-            if existing.state != "running":
-                return False
-            existing.state = "reaped"
-            return True
+            stale = Lease.heartbeat_at < db_epoch(s) - grace_s
+            lease = s.get(Lease, trial_id)
+            if lease is not None and _dead_here(lease):
+                stale = stale | ((Lease.host == lease.host) & (Lease.pid == lease.pid))
+            done = s.execute(update(Lease).where(Lease.trial_id == trial_id, Lease.state == "running", stale).values(state="reaped")
+                             .execution_options(synchronize_session=False))
+            return done.rowcount == 1
+
+
+def _insert(session: Session) -> Any:
+    """An INSERT of a lease with the dialect's ON CONFLICT clauses (PostgreSQL and SQLite both have them)."""
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(Lease)
+
+
+def _dead_here(lease: Lease) -> bool:
+    return lease.host == HOST and lease.pid > 0 and not _alive(lease.pid)
 
 
 def _alive(pid: int) -> bool:

@@ -88,6 +88,7 @@ class StudyRecord(Base):
 
     __tablename__ = "tuner_studies"
     name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    uid: Mapped[str] = mapped_column(String(32))  # unique per created study: keys its trial folders in the work dir
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON)
-    spec_text: Mapped[str] = mapped_column(Text)
+    spec_text: Mapped[str] = mapped_column(Text)  # the study file with credentials masked
     created_at: Mapped[float] = mapped_column(Float)

@@ -34,6 +34,15 @@ def scrub(text: str, url: str) -> str:
     return out
 
 
+_CREDENTIAL = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@\"']*:)[^\s@\"']*@")
+
+
+def mask_credentials(text: str, url: str | None = None) -> str:
+    """`text` with the password of every `scheme://user:password@` URL in it, and of `url`, replaced by ***."""
+    masked = _CREDENTIAL.sub(r"\1***@", text)
+    return scrub(masked, url) if url else masked
+
+
 def normalize_url(url: str) -> str:
     """Pin PostgreSQL URLs without a driver to psycopg2 (SQLAlchemy 2.1 would pick psycopg 3)."""
     for plain in ("postgresql://", "postgres://"):

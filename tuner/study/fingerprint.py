@@ -1,4 +1,8 @@
-"""What makes two study files compatible: a resumed study must have been created from an equal fingerprint."""
+"""What makes two study files compatible: a resumed study must have been created from an equal fingerprint.
+
+A field missing from a stored fingerprint (a study created by an older route-tuner) is unknown and
+accepted, so adding a field never makes existing studies refuse to resume.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,12 @@ def study_fingerprint(spec: Spec, space: SearchSpace, data_sha: str, extra: dict
         "objective": spec.objective.statistic,
         "metric": spec.accuracy.metric,
         "tolerance": spec.accuracy.tolerance,
+        "atol": spec.accuracy.atol,
+        "rtol": spec.accuracy.rtol,
+        "gate_samples": spec.data.gate_samples,
+        "timing": {"warmup_s": spec.objective.warmup_s, "min_repeats": spec.objective.min_repeats,
+                   "min_duration_s": spec.objective.min_duration_s},
+        "work_dir": str(spec.work_dir),
         "backend": spec.backend.name,
         "backend_options": spec.backend.options,
         "space": space.describe(),
@@ -27,10 +37,10 @@ def study_fingerprint(spec: Spec, space: SearchSpace, data_sha: str, extra: dict
 
 
 def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Human-readable differences between a stored and a current fingerprint."""
+    """Human-readable differences between a stored and a current fingerprint (only keys both have)."""
     out = []
-    for key in sorted(set(stored) | set(current)):
-        a, b = stored.get(key), current.get(key)
+    for key in sorted(set(stored) & set(current)):
+        a, b = stored[key], current[key]
         if a == b:
             continue
         if key == "space" and isinstance(a, dict) and isinstance(b, dict):

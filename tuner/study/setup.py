@@ -7,6 +7,7 @@ read-only command) needs to work on the study.
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,16 +25,26 @@ from tuner.measure.inputs import feeds_hash, file_hash, load_feeds, save_feeds
 from tuner.measure.reference import cached_reference
 from tuner.space import SearchSpace
 from tuner.spec import Spec
-from tuner.store.db import check_reachable, ensure_schema, get_engine, study_lock
+from tuner.store.db import check_reachable, get_engine, schema_lock, study_lock, upgrade_schema
 from tuner.store.models import StudyRecord
 from tuner.store.readonly import has_optuna_schema
-from tuner.store.urls import mask_url
+from tuner.store.urls import mask_credentials, mask_url
 from tuner.study.fingerprint import differences, study_fingerprint
 from tuner.study.optuna_adapter import open_storage
 
 METRIC_NAMES = ["latency_ms"]
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def set_up_storage(url: str) -> optuna.storages.RDBStorage:
+    """Create or migrate our tables, then Optuna's, under the schema lock (first-time set-ups may race).
+
+    Ours first: a tuner schema newer than this code is refused before Optuna writes anything.
+    """
+    with schema_lock(url):
+        upgrade_schema(url)
+        return open_storage(url)
 
 
 @dataclass
@@ -82,8 +93,19 @@ class Context:
 
     @cached_property
     def reference_path(self) -> Path:
-        """fp32 reference outputs, cached by (model, feeds)."""
-        return cached_reference(self.work_dir / "data", f"{self.model_sha[:16]}{self.data_sha[:16]}", self.spec.model.path, self.feeds)
+        """fp32 reference outputs, cached by (model, feeds), computed in a child process."""
+        return cached_reference(self.work_dir / "data", f"{self.model_sha[:16]}{self.data_sha[:16]}", self.spec.model.path,
+                                self.feeds_path, self.spec.run.trial_timeout_s)
+
+    @cached_property
+    def trials_dir(self) -> Path:
+        """This study's trial folders: keyed by the study's unique id, so one study file run against
+        two storages (or a study re-created under the same name) never shares or overwrites them."""
+        with Session(get_engine(self.url)) as s:
+            record = s.get(StudyRecord, self.spec.study)
+        if record is None:
+            raise TunerError(f"study {self.spec.study!r} does not exist in {mask_url(self.url)}; start it with `tuner run`")
+        return self.work_dir / "trials" / record.uid[:12]
 
     def fingerprint(self) -> dict[str, Any]:
         return study_fingerprint(self.spec, self.space, self.data_sha)
@@ -106,11 +128,9 @@ def prepare(ctx: Context) -> optuna.Study:
     compatible with an existing study of the same name.
     """
     check_reachable(ctx.url)
-    ensure_schema(ctx.url)  # first: refuses a schema newer than this code before anything is written
-    storage = open_storage(ctx.url)
+    storage = set_up_storage(ctx.url)  # first: refuses a schema newer than this code before anything is written
     fingerprint = ctx.fingerprint()
-    ctx.reference_path  # noqa: B018 - compute once, before the workers need it
-    ctx.feeds_path  # noqa: B018
+    ctx.reference_path  # noqa: B018 - compute once (in a child), before the workers need it
     preparation = ctx.backend.preparation(ctx.model_info, ctx.space, ctx.work_dir)  # cached by content: slow once
     seeds = [r for r in ctx.backend.seed_routes(ctx.model_info) if ctx.space.contains(r) and r != ctx.space.default_route()]
     with study_lock(ctx.url, ctx.spec.study):
@@ -123,8 +143,11 @@ def prepare(ctx: Context) -> optuna.Study:
                         f"study {ctx.spec.study!r} in {mask_url(ctx.url)} was created from an incompatible study file: "
                         f"{'; '.join(diff)}. To start a new study instead, change [study] name in {ctx.spec.path.name}"
                     )
+                if set(fingerprint) - set(record.fingerprint):  # created by an older route-tuner: record what it lacked
+                    record.fingerprint = {**fingerprint, **record.fingerprint}
             else:
-                s.add(StudyRecord(name=ctx.spec.study, fingerprint=fingerprint, spec_text=ctx.spec.path.read_text(), created_at=time.time()))
+                s.add(StudyRecord(name=ctx.spec.study, uid=uuid.uuid4().hex, fingerprint=fingerprint,
+                                  spec_text=mask_credentials(ctx.spec.path.read_text(), ctx.url), created_at=time.time()))
         study = optuna.create_study(study_name=ctx.spec.study, storage=storage, direction="minimize", load_if_exists=True)
         if not study.user_attrs.get("tuner_version"):
             study.set_metric_names(METRIC_NAMES)

@@ -142,10 +142,11 @@ class Worker:
 
     def reserve(self) -> tuple[optuna.Trial | None, int]:
         """Under the study lock: count, and ask only if budget remains. Returns (trial, running)."""
-        with study_lock(self.ctx.url, self.spec.study):
+        with study_lock(self.ctx.url, self.spec.study) as held:
             counts = count_trials(self.ctx.url, self.study_id)
             if counts.exhausted(self.budget):
                 return None, counts.running
+            held.check()  # a frozen holder's lock is released by the server: then count again, do not ask
             trial = self.study.ask()
             self.leases.take(oa.trial_id(trial), self.owner)
             if trial.user_attrs.get("source") == racing.BASELINE_SOURCE:
@@ -156,17 +157,16 @@ class Worker:
         """Fail and re-queue RUNNING trials whose owner is gone. Returns the reaped trial numbers."""
         storage = oa.storage_of(self.study)
         running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
-        started = {oa.trial_id(t): t.datetime_start.timestamp() if t.datetime_start else time.time() for t in running}
         # Right after an outage every heartbeat is stale: trust only dead PIDs until live workers have beaten again.
         trust = not OUTAGE.recent(self.spec.run.grace_s)
-        lost = self.leases.expired([oa.trial_id(t) for t in running], started, self.spec.run.grace_s, trust_heartbeats=trust)
+        lost = self.leases.expired([oa.trial_id(t) for t in running], self.spec.run.grace_s, trust_heartbeats=trust)
         reaped = []
         if not lost:
             return reaped
         with study_lock(self.ctx.url, self.spec.study):
             for trial_id in lost:
                 frozen = storage.get_trial(trial_id)
-                if frozen.state != TrialState.RUNNING or not self.leases.claim_reap(trial_id):
+                if frozen.state != TrialState.RUNNING or not self.leases.claim_reap(trial_id, self.spec.run.grace_s):
                     continue
                 storage.set_trial_user_attr(trial_id, "failure_class", J.LOST)
                 storage.set_trial_user_attr(trial_id, "message", "its worker stopped heart-beating; re-queued")
@@ -298,7 +298,7 @@ class Worker:
 
     def _run_child(self, number: int, route: dict[str, Any]) -> J.Result:
         """Build and measure in a fresh child; an environment error is retried (ENV_ATTEMPTS runs in all)."""
-        trial_dir = self.ctx.work_dir / "trials" / f"{number:05d}"
+        trial_dir = self.ctx.trials_dir / f"{number:05d}"
         job = make_job(self.ctx, route, trial_dir / "out", **self._pairing(number))
         for attempt in range(ENV_ATTEMPTS):
             result = run_isolated(job, trial_dir, self.stop.child, self.child_env)

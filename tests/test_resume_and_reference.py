@@ -1,0 +1,70 @@
+"""Resume checks that cover every measurement setting (without refusing older studies), trial
+folders per study, and the fp32 reference run isolated in a child process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+
+from tests.conftest import tuner
+from tests.models import endless_loop_model, unknown_op_model
+from tuner.store.urls import normalize_url
+
+NEW_FIELDS = ("atol", "rtol", "gate_samples", "timing", "work_dir")
+
+
+def _fingerprint(url: str) -> dict:
+    engine = create_engine(normalize_url(url))
+    with engine.connect() as conn:
+        fp = conn.execute(text("SELECT fingerprint FROM tuner_studies")).scalar()
+    engine.dispose()
+    return fp if isinstance(fp, dict) else json.loads(fp)
+
+
+def test_a_study_from_before_the_new_fingerprint_fields_resumes_then_they_are_checked(write_spec, pg_url) -> None:
+    assert tuner("run", str(write_spec(**{"run.budget": 1})), "--no-confirm", "--storage", pg_url).returncode == 0
+    old = {k: v for k, v in _fingerprint(pg_url).items() if k not in NEW_FIELDS}  # as an older route-tuner stored it
+    engine = create_engine(normalize_url(pg_url))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE tuner_studies SET fingerprint = :f"), {"f": json.dumps(old)})
+    engine.dispose()
+    resumed = tuner("run", str(write_spec(**{"run.budget": 2})), "--no-confirm", "--storage", pg_url)
+    assert resumed.returncode == 0, resumed.stderr  # unknown fields are accepted ...
+    assert set(NEW_FIELDS) <= set(_fingerprint(pg_url))  # ... and recorded from then on
+    changed = write_spec(**{"run.budget": 3, "data.gate_samples": 3, "objective.min_repeats": 7})
+    refused = tuner("run", str(changed), "--no-confirm", "--storage", pg_url)
+    assert refused.returncode == 2
+    err = refused.stderr.strip()
+    assert len(err.splitlines()) == 1 and "gate_samples: study has 2, file has 3" in err and "min_repeats" in err
+
+
+def test_one_study_file_against_two_storages_keeps_its_trial_folders_apart(write_spec, pg_url, sqlite_url, tmp_path: Path) -> None:
+    spec = write_spec(**{"run.budget": 2})
+    for url in (pg_url, sqlite_url):
+        result = tuner("run", str(spec), "--no-confirm", "--storage", url)
+        assert result.returncode == 0, result.stderr
+    results = sorted((tmp_path / ".tuner" / "tiny" / "trials").glob("*/*/result.json"))
+    assert len(results) == 4  # nothing overwritten
+    assert len({p.parent.parent for p in results}) == 2  # one folder per study
+
+
+def test_a_model_that_hangs_onnx_runtime_in_the_reference_run_is_one_line(write_spec, sqlite_url, tmp_path: Path) -> None:
+    model = endless_loop_model(tmp_path / "endless.onnx")
+    spec = write_spec(**{"model.path": str(model), "run.trial_timeout_s": 3.0})
+    result = tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url, timeout=180)
+    assert result.returncode == 2
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "the fp32 reference run with ONNX Runtime did not finish within 3 s (run.trial_timeout_s); child killed" in err
+    assert not list((tmp_path / ".tuner" / "tiny" / "data").glob("reference-*"))
+
+
+def test_a_model_onnx_runtime_cannot_load_is_one_line(write_spec, sqlite_url, tmp_path: Path) -> None:
+    model = unknown_op_model(tmp_path / "unknown.onnx")
+    result = tuner("run", str(write_spec(**{"model.path": str(model)})), "--no-confirm", "--storage", sqlite_url)
+    assert result.returncode == 2
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "the fp32 reference run with ONNX Runtime failed: Fail:" in err and "Frobnicate" in err
