@@ -7,7 +7,7 @@ import sys
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
-from tuner.cli import build, dashboard, db, probe, report, results, run
+from tuner.cli import build, dashboard, db, gc, probe, report, results, run
 from tuner.cli.common import err_console
 from tuner.errors import TunerError, first_line
 
@@ -21,6 +21,7 @@ app.command("build")(build.build)
 app.command("dashboard")(dashboard.dashboard)
 app.command("report")(report.report)
 app.command("probe")(probe.probe)
+app.command("gc")(gc.gc)
 app.add_typer(db.app, name="db")
 
 

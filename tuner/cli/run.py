@@ -15,6 +15,7 @@ from tuner.cli.common import SpecArg, StorageOpt, console, context, err_console,
 from tuner.errors import TunerError
 from tuner.store.db import db_retry, is_db_fault
 from tuner.store.urls import mask_url
+from tuner.study.gc import enforce_cap
 from tuner.study.setup import Context, prepare
 from tuner.study.summary import Summary, summarize_study
 from tuner.study.verdict import study_headline
@@ -68,6 +69,9 @@ def run(
     if confirm:
         _confirm(ctx, study, confirm_rounds, confirm_top_k, confirm_confidence)
         _print_result(study)
+    collected = enforce_cap(ctx, study)  # after confirmation: the routes it measured are kept
+    if collected:
+        err_console.print(f"gc: {collected}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float) -> None:

@@ -27,7 +27,8 @@ _SECTIONS: dict[str, set[str]] = {
     "accuracy": {"metric", "tolerance", "atol", "rtol"},
     "objective": {"statistic", "warmup_s", "min_repeats", "min_duration_s", "mode", "target_halfwidth", "timing_cap_s", "block_s"},
     "backend": {"name", "space", "options"},
-    "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials", "racing"},
+    "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials", "racing",
+            "keep_best", "max_disk_mb"},
 }
 
 
@@ -316,6 +317,8 @@ def _run(r: _Reader) -> RunSpec:
         seed=r.get(t, "run", "seed", int, 0),
         startup_trials=r.count(t, "run", "startup_trials", 8, minimum=0),
         racing=r.get(t, "run", "racing", bool, True),
+        keep_best=r.count(t, "run", "keep_best", 3),
+        max_disk_mb=r.number(t, "run", "max_disk_mb", strict=True) if "max_disk_mb" in t else None,
     )
 
 

@@ -87,7 +87,7 @@ class BackendSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """How the study runs: budget, workers, timeouts, leases, sampler."""
+    """How the study runs: budget, workers, timeouts, leases, sampler; what `tuner gc` keeps and the size cap."""
 
     budget: int
     workers: int = 1
@@ -98,6 +98,8 @@ class RunSpec:
     seed: int = 0
     startup_trials: int = 8
     racing: bool = True  # re-measure close leaders during the study (tuner.worker.race)
+    keep_best: int = 3  # feasible trials whose artifacts `tuner gc` keeps (with the baseline and confirmed ones)
+    max_disk_mb: float | None = None  # `tuner run` collects garbage when the work dir grows past this
 
 
 @dataclass(frozen=True)
