@@ -186,7 +186,8 @@ def test_a_frozen_study_lock_holder_does_not_stall_the_other_workers(pg_url, tmp
     finally:
         os.kill(holder.pid, signal.SIGCONT)
     out, _ = holder.communicate(timeout=60)
-    assert out.strip().startswith("lost:")  # the holder learns it no longer holds the lock (and would not ask)
+    assert out.strip().startswith("lost:")  # the holder learns it no longer holds the lock (and would not ask) ...
+    assert holder.returncode == 0  # ... and leaves the lock without an error
 
 
 def test_bad_timeout_settings_are_one_line(write_spec, pg_url) -> None:

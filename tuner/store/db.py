@@ -336,13 +336,17 @@ def _acquire(conn: Connection, key: int, name: str) -> None:
 
 def _release(conn: Connection, key: int, name: str, hold: bool) -> None:
     try:
-        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+        conn.rollback()  # after a failed check() the connection must be reset before it is used again
+        released = conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key}).scalar()
         if hold:
             conn.execute(text("RESET idle_session_timeout"))
         conn.commit()
-    except OperationalError as exc:  # the session is gone, and the server released the lock with it
-        log.warning("the lock %s was released by the server before this process finished with it (%s)",
-                    name, type(exc.orig or exc).__name__)
+    except SQLAlchemyError as exc:
+        released, why = False, type(getattr(exc, "orig", None) or exc).__name__
+    else:
+        why = "its session had ended"
+    if not released:  # the session is gone, and the server released the lock with it
+        log.warning("the lock %s was released by the server before this process finished with it (%s)", name, why)
 
 
 def _sqlite_lock_file(url: str, suffix: str) -> Path:
