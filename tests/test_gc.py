@@ -60,7 +60,7 @@ def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec
     untouched = ("variants/", "data/", "optuna-artifacts/")
     assert {k: v for k, v in before.items() if k.startswith(untouched)} == {k: v for k, v in after.items() if k.startswith(untouched)}
     assert any(k.startswith("variants/") for k in after)  # precision variants are kept for the routes still to come
-    export = tuner("best", str(spec), "--storage", pg_url, "--export", str(tmp_path / "out"))
+    export = tuner("best", str(spec), "--storage", pg_url, "--export", str(tmp_path / "out"), "--trial", str(feasible[0].number))
     assert export.returncode == 0, export.stderr
     again = tuner("gc", str(spec), "--storage", pg_url)
     assert "would remove 0 item(s), 0 B" in again.stdout

@@ -85,6 +85,16 @@ def test_a_lease_that_beats_again_after_being_judged_lost_is_not_reaped(worker: 
     assert worker.leases.claim_reap(tid, 60.0) is True
 
 
+def test_a_trial_whose_reaper_died_midway_is_reaped_again(worker: Worker) -> None:
+    tid = _running_trial(worker)
+    worker.leases.take(tid, Owner("w2-gone", host="elsewhere", pid=1))
+    _set_heartbeat(worker, tid, 3600)
+    assert worker.leases.claim_reap(tid, 60.0)  # a reaper claimed it, then died before failing the trial
+    assert worker.study._storage.get_trial(tid).state == TrialState.RUNNING
+    assert worker.reap() == [worker.study._storage.get_trial(tid).number]
+    assert worker.study._storage.get_trial(tid).state == TrialState.FAIL
+
+
 def test_a_dead_pid_is_trusted_only_from_the_same_boot_and_pid_namespace(worker: Worker) -> None:
     assert HOST.startswith(socket.gethostname() + " ") and "pidns=" in HOST
     pid = _dead_pid()

@@ -9,6 +9,7 @@ seen, so it ages on the database clock too, never on a host's own clock.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -82,9 +83,10 @@ class Leases:
 
         A lease is expired when its heartbeat is older than `grace_s` by the database clock, or its
         owner is a dead process on this host. A RUNNING trial with no lease gets an ownerless one
-        stamped now (database clock), so it expires `grace_s` after it was first seen. With
-        `trust_heartbeats` off (just after a database outage, when every heartbeat is stale) only
-        dead owners count.
+        stamped now (database clock), so it expires `grace_s` after it was first seen. A RUNNING
+        trial whose lease is already reaped lost its reaper midway (it died holding the study lock).
+        With `trust_heartbeats` off (just after a database outage, when every heartbeat is stale)
+        only dead owners (and dead reapers) count.
         """
         if not running_trial_ids:
             return []
@@ -95,23 +97,24 @@ class Leases:
                 if tid not in rows:
                     s.execute(_insert(s).values(trial_id=tid, study=self.study, worker=UNOWNED, host=UNOWNED, pid=0,
                                                 heartbeat_at=now, state="running").on_conflict_do_nothing(index_elements=["trial_id"]))
-            return [tid for tid, lease in rows.items()
-                    if lease.state == "running" and ((trust_heartbeats and now - lease.heartbeat_at > grace_s) or _dead_here(lease))]
+            return [tid for tid, lease in rows.items() if _lost(lease, now, grace_s if trust_heartbeats else math.inf)]
 
     @retried
     def claim_reap(self, trial_id: int, grace_s: float) -> bool:
         """Mark a lost lease reaped, in one conditional UPDATE; False if its owner turned out to be alive.
 
         Claimed only if the lease is still running and, at this moment by the database clock, its
-        heartbeat is older than `grace_s` or its owner is a dead process on this host. Call under the
-        study lock, before failing the trial.
+        heartbeat is older than `grace_s` or its owner is a dead process on this host (or it was
+        reaped by a reaper that died before failing the trial). Call under the study lock, after
+        checking that the trial is still RUNNING, before failing it.
         """
         with Session(self.engine) as s, s.begin():
             stale = Lease.heartbeat_at < db_epoch(s) - grace_s
             lease = s.get(Lease, trial_id)
             if lease is not None and _dead_here(lease):
                 stale = stale | ((Lease.host == lease.host) & (Lease.pid == lease.pid))
-            done = s.execute(update(Lease).where(Lease.trial_id == trial_id, Lease.state == "running", stale).values(state="reaped")
+            claimable = ((Lease.state == "running") & stale) | (Lease.state == "reaped")  # reaped: finish a dead reaper's job
+            done = s.execute(update(Lease).where(Lease.trial_id == trial_id, claimable).values(state="reaped")
                              .execution_options(synchronize_session=False))
             return done.rowcount == 1
 
@@ -123,6 +126,12 @@ def _insert(session: Session) -> Any:
     else:
         from sqlalchemy.dialects.sqlite import insert
     return insert(Lease)
+
+
+def _lost(lease: Lease, now: float, grace_s: float) -> bool:
+    if lease.state == "reaped":
+        return True
+    return lease.state == "running" and (now - lease.heartbeat_at > grace_s or _dead_here(lease))
 
 
 def _dead_here(lease: Lease) -> bool:
