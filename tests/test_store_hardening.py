@@ -26,7 +26,8 @@ from tuner.spec import load_spec
 from tuner.store.db import SCHEMA_LOCK, _alembic_config, get_engine, head_revision, lock_key
 from tuner.store.leases import HOST, Owner
 from tuner.store.urls import normalize_url
-from tuner.study.setup import Context, optuna_storage, prepare
+from tuner.study.optuna_adapter import open_storage
+from tuner.study.setup import Context, prepare
 from tuner.worker.loop import Worker
 
 # -- leases and reaping ---------------------------------------------------------------------------
@@ -152,7 +153,7 @@ def test_first_time_set_ups_at_once_on_an_empty_database_all_succeed(write_spec,
 
 def test_every_postgresql_connection_has_bounded_waits_and_keepalives(pg_url) -> None:
     url = normalize_url(pg_url)
-    storage = optuna_storage(url)
+    storage = open_storage(url)
     for engine in (get_engine(url), storage.engine):
         with engine.connect() as conn:
             settings = {n: conn.execute(text(f"SHOW {n}")).scalar() for n in

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from tuner.errors import TunerError
 from tuner.store.db import get_engine
 from tuner.store.models import ArtifactRecord
+from tuner.study import optuna_adapter as oa
 from tuner.study.outcome import is_feasible
 from tuner.study.setup import Context
 
@@ -137,11 +138,11 @@ def _known_artifacts(url: str) -> set[str]:
 
 def _shas_of_other_studies(study: optuna.Study) -> set[str]:
     """Artifacts any trial of another study in the storage refers to (through the shared result cache)."""
-    storage = study._storage
+    storage = oa.storage_of(study)
     out: set[str] = set()
-    for other in storage.get_all_studies():
-        if other._study_id != study._study_id:
-            out |= {sha for t in storage.get_all_trials(other._study_id, deepcopy=False) if (sha := _sha(t))}
+    for name in optuna.get_all_study_names(storage):
+        if name != study.study_name:
+            out |= {sha for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False) if (sha := _sha(t))}
     return out
 
 
