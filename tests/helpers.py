@@ -60,3 +60,14 @@ def cli_in_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monke
         code = exc.code
     out = capsys.readouterr()
     return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+
+def trial_dir(url: str, study: str, work_dir: Path, number: int) -> Path:
+    """The folder of trial `number`: `work_dir/trials/<study id>/NNNNN` (the id is the study's, in `url`)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(normalize_url(url))
+    with engine.connect() as conn:
+        uid = conn.execute(text("SELECT uid FROM tuner_studies WHERE name = :n"), {"n": study}).scalar_one()
+    engine.dispose()
+    return work_dir / "trials" / uid[:12] / f"{number:05d}"

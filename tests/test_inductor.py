@@ -26,6 +26,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import REPO, SpecWriter, tuner
+from tests.helpers import trial_dir
 from tuner.backends import get_backend
 from tuner.backends.base import Artifact, BuildContext, BuildError, ModelInfo
 from tuner.measure.gpu_timing import GpuTimingError
@@ -261,7 +262,7 @@ def test_inductor_study_end_to_end(tmp_path: Path, mlp: tuple[Path, Any], write_
     assert second.user_attrs["cache_hit"] is True  # the one route of this space was not compiled twice
     artifacts = list((tmp_path / ".tuner" / "tiny" / "artifacts").glob("*.tar"))
     assert [a.name for a in artifacts] == [f"{first.user_attrs['artifact_sha256']}.tar"]
-    result = json.loads((tmp_path / ".tuner" / "tiny" / "trials" / "00000" / "result.json").read_text())
+    result = json.loads((trial_dir(pg_url, "tiny", tmp_path / ".tuner" / "tiny", 0) / "result.json").read_text())
     assert result["timing_info"]["clock"] == "host-perf_counter" and result["build_s"] > 0
 
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import tuner
-from tests.helpers import status, trials
+from tests.helpers import status, trial_dir, trials
 from tuner.backends.base import BuildContext, ModelInfo
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
 from tuner.backends.onnxruntime.quant_space import recommendation
@@ -195,7 +195,7 @@ def test_a_failed_variant_is_learned_once_and_costs_no_budget(write_spec, pg_url
             assert len({t.user_attrs["failure_key"] for t in group}) == 1
     assert sum(len(g) > 1 for g in by_rr.values()) >= 1, "the random sampler proposed no variant twice"
     known = [t for t in dyn if t.user_attrs["failure_class"] == "known-failure"]
-    assert all(not (tmp_path / ".tuner" / "tiny" / "trials" / f"{t.number:05d}").exists() for t in known)  # no child
+    assert all(not trial_dir(pg_url, "tiny", tmp_path / ".tuner" / "tiny", t.number).exists() for t in known)  # no child
     s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
     assert s["repeated_failures"] == 0 and s["repeated_failures_share"] == 0.0
     assert len(ts) - len(known) + max(0, len(known) - 10) == 10  # the budget counts trials that ran; known failures are free up to 10

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg2
 from optuna.trial import TrialState
 
-from tests.helpers import start_tuner, trials, wait_for_file
+from tests.helpers import start_tuner, trial_dir, trials, wait_for_file
 from tests.proxy import TcpProxy
 
 FAULT = "tests.backends:FaultBackend"
@@ -68,7 +68,7 @@ def test_an_outage_longer_than_the_grace_period_loses_nothing(write_spec, pg_url
         (markers / "release").write_text("")
         # The baseline's child finishes while the database is away (the other one is timed against the
         # baseline, so it waits for the baseline's engine, which is published once it is recorded).
-        _wait_for_final_result(spec.parent / ".tuner" / "tiny" / "trials" / "00000" / "result.json")
+        _wait_for_final_result(trial_dir(pg_url, "tiny", spec.parent / ".tuner" / "tiny", 0) / "result.json")
         proxy.restore()
         assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
