@@ -17,6 +17,7 @@ from bench.chaos import PG_BIN, Seed
 SHORT = ("kill_worker", "kill_child", "stop_worker", "pg_restart", "outage", "disk_full")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (PG_BIN / "initdb").exists() or not shutil.which("runuser"), reason="needs initdb and runuser")
 def test_a_short_chaos_run_loses_nothing() -> None:
     with tempfile.TemporaryDirectory(prefix="chaos-test-") as d:  # pytest's tmp_path is not reachable for user postgres
