@@ -1,10 +1,14 @@
-"""Search efficiency, measured: builds until the best feasible engine, per strategy, on recorded landscapes.
+"""Search efficiency, measured as a user lives it: the route each strategy would deliver, per budget.
 
     python bench/search_efficiency.py            # all scenarios, 20 seeds, 100 builds
-    python bench/search_efficiency.py --jobs 8   # the same, in 8 processes
+    python bench/search_efficiency.py --jobs 2   # the same, in 2 processes
+    python bench/search_efficiency.py --report-only   # re-render docs and PNG from the JSON
 
 Every strategy (bench/landscape/strategies.py) runs `--seeds` times on each scenario (a landscape
-under one accuracy tolerance) until it has spent `--budget` builds. Writes
+under one accuracy tolerance) until it has spent `--budget` builds. Each run is scored by the true
+value of the route it would deliver after each build, by its own selection rule (bench/landscape/
+score.py), and, secondarily, by the best route it built. The default sampler is chosen from the
+tuning scenarios only, by the rule in `choose_default`, and reported on the held-out one. Writes
 bench/results/search-efficiency.json (every run's scores), the result tables into
 docs/search-efficiency.md (between the results markers) and docs/img/search-efficiency.png.
 """
@@ -14,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from multiprocessing import Pool
 from pathlib import Path
@@ -28,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.landscape.oracle import Oracle  # noqa: E402
-from bench.landscape.score import BUDGETS, LEVELS, score, summarise  # noqa: E402
-from bench.landscape.strategies import STRATEGIES, TRIAL_CAP  # noqa: E402
+from bench.landscape.score import BUDGETS, LEVELS, score, share, summarise  # noqa: E402
+from bench.landscape.strategies import DEFAULT_SET, OURS, STRATEGIES, TRIAL_CAP  # noqa: E402
 from tuner.backends.replay.landscape import load_landscape  # noqa: E402
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -44,13 +49,14 @@ class Scenario:
     tolerance: float | None = None
     metric: str | None = None
     note: str = ""
+    held_out: bool = False  # never used to choose defaults; reported separately
 
 
 SCENARIOS = (
     Scenario("efficientnet", "bench/landscapes/efficientnet_lite0.json.gz", note="the study's tolerance: at most 2 of 16 crops change class"),
     Scenario("efficientnet-strict", "bench/landscapes/efficientnet_lite0.json.gz", 0.001, "cosine", "logits within cosine distance 0.001"),
     Scenario("minilm", "bench/landscapes/minilm_l6.json.gz", note="the study's tolerance: embedding cosine distance <= 0.02"),
-    Scenario("minilm-strict", "bench/landscapes/minilm_l6.json.gz", 0.001, note="embedding cosine distance <= 0.001"),
+    Scenario("minilm-strict", "bench/landscapes/minilm_l6.json.gz", 0.001, note="embedding cosine distance <= 0.001", held_out=True),
 )
 
 
@@ -67,8 +73,12 @@ def one_run(task: tuple[Scenario, str, int, int]) -> tuple[str, str, int, dict[s
     scenario, name, seed, budget = task
     oracle = oracle_for(scenario)
     t0 = time.perf_counter()
-    steps = STRATEGIES[name].trace(oracle, budget, seed)
-    result = score(steps, oracle, budget)
+    ev = STRATEGIES[name].evaluate(oracle, budget, seed)
+    result = score(ev.steps, oracle, budget)
+    if ev.race is not None:
+        timed = sum(1 for s in ev.steps if s.build and s.value is not None)
+        result["timing_s_per_timed_trial"] = round(ev.race.seconds / max(timed, 1), 3)
+        result["remeasures"] = ev.race.remeasures
     result["seconds"] = round(time.perf_counter() - t0, 3)
     return scenario.name, name, seed, result
 
@@ -98,51 +108,119 @@ def _progress(i: int, n: int, t0: float) -> None:
         print(f"{i}/{n} runs, eta {rate * (n - i) / 60:.1f} min", file=sys.stderr, flush=True)
 
 
+SHARES = tuple(f"delivered_within_2pct_at_{b}" for b in BUDGETS)
+
+
 def _summary(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    keys = ([f"builds_to_{round(lv * 100)}pct" for lv in LEVELS] + [f"regret_at_{b}" for b in BUDGETS if b <= budget]
-            + ["chosen_regret_at_end", "wasted_fraction", "builds", "trials"])
-    out: dict[str, Any] = {k: summarise([r.get(k) for r in runs]) for k in keys}
-    length = max(len(r["curve"]) for r in runs)
-    padded = [r["curve"] + [r["curve"][-1] if r["curve"] else None] * (length - len(r["curve"])) for r in runs]
-    out["median_curve"] = [summarise(col)["median"] for col in zip(*padded)] if runs else []
-    out["runs"] = [{k: v for k, v in r.items() if k != "curve"} for r in runs]
+    keys = ([f"delivered_builds_to_{round(lv * 100)}pct" for lv in LEVELS] + [f"delivered_regret_at_{b}" for b in BUDGETS if b <= budget]
+            + [f"builds_to_{round(lv * 100)}pct" for lv in LEVELS] + [f"regret_at_{b}" for b in BUDGETS if b <= budget]
+            + ["wasted_fraction", "pruned_fraction", "builds", "trials", "timing_s_per_timed_trial", "remeasures"])
+    out: dict[str, Any] = {k: summarise([r.get(k) for r in runs]) for k in keys if any(k in r for r in runs)}
+    out.update({k: share([r[k] for r in runs]) for k in SHARES if runs and k in runs[0]})
+    for curve in ("curve", "delivered_curve"):
+        length = max(len(r[curve]) for r in runs)
+        padded = [r[curve] + [r[curve][-1] if r[curve] else None] * (length - len(r[curve])) for r in runs]
+        out[f"median_{curve}"] = [summarise(col)["median"] for col in zip(*padded)] if runs else []
+    out["runs"] = [{k: v for k, v in r.items() if k not in ("curve", "delivered_curve")} for r in runs]
     return out
+
+
+# -- choosing the default ---------------------------------------------------------------------------
+
+CHOICE_BUDGET = 30
+CHOICE_MARGIN = 0.10  # a challenger must be better by this share of seeds (2 of 20) to replace the default
+
+
+def choose_default(doc: dict[str, Any], current: str = "ours") -> dict[str, Any]:
+    """Pick the default sampler from the tuning scenarios only.
+
+    Key, in order: the lowest share (over tuning scenarios) of seeds delivered within 2 % at
+    CHOICE_BUDGET builds, then its mean. The current default stays unless a candidate beats it on
+    the first key by CHOICE_MARGIN, or ties within the margin and beats it on the second by it.
+    """
+    tuning = [n for n, sc in doc["scenarios"].items() if not sc["held_out"]]
+    key = f"delivered_within_2pct_at_{CHOICE_BUDGET}"
+    table = {}
+    for strat in (s for s in doc["strategies"] if STRATEGIES[s].candidate):
+        shares = [doc["results"][sc][strat][key]["share"] for sc in tuning]
+        table[strat] = {"min_share": min(shares), "mean_share": round(sum(shares) / len(shares), 5), "shares": dict(zip(tuning, shares))}
+    best = max(table, key=lambda n: (table[n]["min_share"], table[n]["mean_share"], n == current))
+    b, c = table[best], table[current]
+    better = b["min_share"] >= c["min_share"] + CHOICE_MARGIN or (
+        b["min_share"] > c["min_share"] - CHOICE_MARGIN and b["mean_share"] >= c["mean_share"] + CHOICE_MARGIN)
+    chosen = best if better else current
+    held = [n for n, sc in doc["scenarios"].items() if sc["held_out"]]
+    return {"rule": choose_default.__doc__.split("\n\n")[1].replace("\n    ", " ").strip(), "budget": CHOICE_BUDGET, "margin": CHOICE_MARGIN,
+            "tuning_scenarios": tuning, "held_out": held, "candidates": table, "chosen": chosen, "previous": current,
+            "held_out_result": {sc: {k: doc["results"][sc][chosen][k] for k in SHARES if k in doc["results"][sc][chosen]} for sc in held}}
 
 
 # -- report ---------------------------------------------------------------------------------------
 
 
 def _cell(s: dict[str, Any], fmt: str, budget: int) -> str:
+    if "share" in s:
+        return "-" if s["share"] is None else f"{100 * s['share']:.0f}%"
+
     def f(v: float | None) -> str:
         if v is None:
-            return f">{budget}" if fmt == "builds" else "-"
-        return f"{100 * v:.1f}%" if fmt == "pct" else f"{v:.0f}"
+            return f">{budget}" if fmt == "builds" else "∞"
+        return f"{100 * v:.1f}%" if fmt == "pct" else f"{v:.0f}" if fmt in ("builds", "count") else f"{v:.2f}"
     return f"{f(s['median'])} [{f(s['q25'])}–{f(s['q75'])}]"
 
 
-def markdown(doc: dict[str, Any]) -> str:
-    """The result tables (median [IQR] over seeds) for docs/search-efficiency.md."""
+def _table(doc: dict[str, Any], metric: str, title: str, fmt: str, names: Sequence[str]) -> list[str]:
     budget = doc["settings"]["budget"]
+    lines = ["", f"**{title}**", "", "| Strategy | " + " | ".join(_col(doc, n) for n in names) + " |", "|---|" + "---|" * len(names)]
+    for strat in doc["strategies"]:
+        if all(metric in doc["results"][sc][strat] for sc in names):
+            lines.append(f"| `{strat}` | " + " | ".join(_cell(doc["results"][sc][strat][metric], fmt, budget) for sc in names) + " |")
+    return lines
+
+
+def _col(doc: dict[str, Any], name: str) -> str:
+    return f"{name} (held out)" if doc["scenarios"][name]["held_out"] else name
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The result tables (share of seeds, or median [IQR] over seeds) for docs/search-efficiency.md."""
+    budget = doc["settings"]["budget"]
+    budgets = [b for b in doc["settings"]["budgets"] if b <= budget]
+    names = list(doc["scenarios"])
     lines = [f"Generated by `python bench/search_efficiency.py` on {doc['generated']}: {doc['settings']['seeds']} seeds per cell, "
-             f"budget {budget} builds, median [25th–75th percentile] over seeds. `>{budget}`: not reached within the budget.", ""]
+             f"budget {budget} builds; shares are of seeds, other cells median [25th–75th percentile] over seeds. "
+             f"`>{budget}`: not reached within the budget; ∞: nothing feasible delivered. Ours measures as "
+             f"{doc['settings']['paired']}.", ""]
     lines += ["| Scenario | tolerance | routes | failing | feasible | within 2 % | within 5 % | default | true best | fastest (any accuracy) | round-to-round spread |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, sc in doc["scenarios"].items():
         d = sc["facts"]
-        lines.append(f"| {name} | {sc['metric']} ≤ {sc['tolerance']:g} | {d['routes']} | {d['failing']} | {d['feasible']} | {d['within_2pct']} | {d['within_5pct']} | "
+        lines.append(f"| {_col(doc, name)} | {sc['metric']} ≤ {sc['tolerance']:g} | {d['routes']} | {d['failing']} | {d['feasible']} | {d['within_2pct']} | {d['within_5pct']} | "
                      f"{_ms(d['default_ms'])} | {_ms(d['best_ms'])} | {_ms(d['fastest_any_ms'])} | {d['round_spread']:.2f}× |")
-    for metric, title, fmt in (("builds_to_2pct", "Builds until a route within 2 % of the true best feasible has been built", "builds"),
-                               ("builds_to_5pct", "Builds until within 5 %", "builds"),
-                               *((f"regret_at_{b}", f"Regret after {b} builds (best route built: true latency / true best − 1)", "pct") for b in BUDGETS if b <= budget),
-                               ("chosen_regret_at_end", "Regret of the route chosen by its single measurement, at the end of the run (no confirmation)", "pct"),
-                               ("wasted_fraction", "Share of builds spent on infeasible or failing routes", "pct"),
+    if "choice" in doc:
+        c = doc["choice"]
+        lines += ["", f"**Choosing the default sampler** (tuning scenarios: {', '.join(c['tuning_scenarios'])}; held out: {', '.join(c['held_out'])}). "
+                  f"Rule: {c['rule']} Chosen: `{c['chosen']}` (previous default `{c['previous']}`).", "",
+                  "| Candidate | " + " | ".join(f"{sc}: within 2 % at {c['budget']}" for sc in c["tuning_scenarios"]) + " | lowest | mean |",
+                  "|---|" + "---|" * (len(c["tuning_scenarios"]) + 2)]
+        for strat, t in c["candidates"].items():
+            lines.append(f"| `{strat}` | " + " | ".join(f"{100 * t['shares'][sc]:.0f}%" for sc in c["tuning_scenarios"])
+                         + f" | {100 * t['min_share']:.0f}% | {100 * t['mean_share']:.0f}% |")
+    for b in budgets:
+        lines += _table(doc, f"delivered_within_2pct_at_{b}", f"Delivered within 2 % of the true best after {b} builds (share of seeds)", "share", names)
+    lines += _table(doc, "delivered_builds_to_2pct", "Builds until the delivered route is within 2 % of the true best and stays there", "builds", names)
+    for b in budgets:
+        lines += _table(doc, f"delivered_regret_at_{b}", f"Delivered regret after {b} builds (true latency of the delivered route / true best − 1)", "pct", names)
+    lines += _table(doc, "builds_to_2pct", "Secondary — builds until a route within 2 % of the true best was *built* (whether or not it is delivered)", "builds", names)
+    for b in budgets:
+        lines += _table(doc, f"regret_at_{b}", f"Secondary — regret of the best route *built* after {b} builds", "pct", names)
+    for metric, title, fmt in (("wasted_fraction", "Share of builds spent on infeasible or failing routes", "pct"),
+                               ("pruned_fraction", "Share of builds whose timing stopped early as clearly slower (ours)", "pct"),
+                               ("timing_s_per_timed_trial", "Paired timing per timed trial, racing included (seconds of timed calls, ours)", "secs"),
+                               ("remeasures", "Racing re-measurements per run (ours)", "count"),
                                ("builds", "Builds made (a strategy may stop early or run out of trials)", "count"),
                                ("trials", f"Trials used (cache hits included; runs stop at {doc['settings']['trial_cap']} trials)", "count")):
-        names = list(doc["scenarios"])
-        lines += ["", f"**{title}**", "", "| Strategy | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        for strat, label in doc["strategies"].items():
-            cells = [_cell(doc["results"][sc][strat][metric], fmt, budget) for sc in names]
-            lines.append(f"| `{strat}` | " + " | ".join(cells) + " |")
+        lines += _table(doc, metric, title, fmt, names)
     return "\n".join(lines)
 
 
@@ -161,7 +239,7 @@ def write_docs(doc: dict[str, Any], md_path: Path) -> None:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    """Median best-so-far curves (best route built: true latency / true best) per scenario."""
+    """Median delivered curves (true latency of the delivered route / true best) per scenario."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,22 +249,22 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     cols = min(2, len(names))
     rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
-    styles = {"ours": dict(color="black", lw=2.5), "random": dict(color="tab:gray", ls="--", lw=2),
-              "gpt-fast": dict(color="tab:red", lw=2), "gpt-mixed": dict(color="tab:orange", lw=2),
-              "olive-tpe": dict(color="tab:purple", lw=2)}
+    styles = {"ours": dict(color="black", lw=2.5), "ours-unpaired": dict(color="black", ls=":", lw=1.5),
+              "random": dict(color="tab:gray", ls="--", lw=2), "gpt-fast": dict(color="tab:red", lw=2),
+              "gpt-mixed": dict(color="tab:orange", lw=2), "olive": dict(color="tab:purple", lw=2)}
     for ax, name in zip(axes.flat, names):
-        for strat in doc["strategies"]:
-            curve = doc["results"][name][strat]["median_curve"]
+        for strat in (s for s in doc["strategies"] if s in styles):
+            curve = doc["results"][name][strat]["median_delivered_curve"]
             y = [c if c is not None else float("nan") for c in curve]
-            ax.plot(range(1, len(y) + 1), y, label=strat, **styles.get(strat, dict(lw=1, alpha=0.8)))
+            ax.plot(range(1, len(y) + 1), y, label=strat, **styles[strat])
         ax.axhline(1.02, color="green", lw=0.8, ls=":")
         ax.set_yscale("log")
         ax.set_ylim(0.99, 3.0)
         ax.set_yticks([1, 1.1, 1.2, 1.5, 2, 3], ["1", "1.1", "1.2", "1.5", "2", "3"])
         ax.minorticks_off()
-        ax.set_title(f"{name} ({doc['scenarios'][name]['metric']} ≤ {doc['scenarios'][name]['tolerance']:g})")
+        ax.set_title(f"{_col(doc, name)} ({doc['scenarios'][name]['metric']} ≤ {doc['scenarios'][name]['tolerance']:g})")
         ax.set_xlabel("builds")
-        ax.set_ylabel("best built / true best feasible (median)")
+        ax.set_ylabel("delivered / true best (median)")
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7, ncol=2)
@@ -201,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--budget", type=int, default=100)
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
-    p.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=list(STRATEGIES))
+    p.add_argument("--strategies", nargs="*", default=list(DEFAULT_SET), choices=list(STRATEGIES))
     p.add_argument("--scenarios", nargs="*", default=[s.name for s in SCENARIOS], choices=[s.name for s in SCENARIOS])
     p.add_argument("--json", type=Path, default=REPO / "bench/results/search-efficiency.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs/search-efficiency.md")
@@ -209,7 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true", help="re-render the markdown and PNG from the JSON")
     args = p.parse_args(argv)
     if args.report_only:
-        doc = json.loads(args.json.read_text())
+        try:
+            doc = json.loads(args.json.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"error: {args.json}: not a readable results file ({type(exc).__name__})", file=sys.stderr)
+            return 2
         write_docs(doc, args.markdown)
         plot(doc, args.png)
         return 0
@@ -218,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
 
     doc: dict[str, Any] = {
         "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "settings": {"seeds": args.seeds, "budget": args.budget, "trial_cap": TRIAL_CAP * args.budget, "levels": list(LEVELS), "budgets": list(BUDGETS)},
-        "environment": {"python": platform.python_version(), "optuna": optuna.__version__, "machine": platform.machine()},
+        "settings": {"seeds": args.seeds, "budget": args.budget, "trial_cap": TRIAL_CAP * args.budget, "levels": list(LEVELS), "budgets": list(BUDGETS),
+                     "paired": OURS.label(), "paired_policy": asdict(OURS)},
+        "environment": {"python": platform.python_version(), "optuna": optuna.__version__, "machine": platform.machine(),
+                        "cores": os.cpu_count(), "loadavg_start": list(os.getloadavg())},
         "strategies": {n: STRATEGIES[n].label for n in args.strategies},
         "scenarios": {},
     }
@@ -227,10 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         o = oracle_for(sc)
         meta = o.landscape.meta
         doc["scenarios"][sc.name] = {
-            "landscape": sc.landscape, "note": sc.note, "metric": o.metric, "tolerance": o.tolerance, "facts": o.describe(),
+            "landscape": sc.landscape, "note": sc.note, "metric": o.metric, "tolerance": o.tolerance, "facts": o.describe(), "held_out": sc.held_out,
             "recorded": {"backend": meta["backend"], "environment": meta["environment"], "enumeration": meta["enumeration"]},
         }
     doc["results"] = run_all(scenarios, args.strategies, args.seeds, args.budget, args.jobs)
+    doc["environment"]["loadavg_end"] = list(os.getloadavg())
+    if "ours" in args.strategies and args.budget >= CHOICE_BUDGET and any(sc.held_out for sc in scenarios) and any(not sc.held_out for sc in scenarios):
+        doc["choice"] = choose_default(doc)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1, default=str))
     write_docs(doc, args.markdown)

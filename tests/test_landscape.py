@@ -197,9 +197,9 @@ def test_scores_of_a_known_sequence(recorded) -> None:
     ]
     curve = ratio_curve(steps, oracle)
     assert curve[0] == math.inf and curve[2] == pytest.approx(1.0)
-    s = score(steps, oracle, budget=25)
+    s = score(steps, oracle, budget=20)
     assert s["builds_to_2pct"] == 3 and s["wasted_fraction"] == pytest.approx(1 / 3)
-    assert s["regret_at_25"] == pytest.approx(0.0)
+    assert s["regret_at_20"] == pytest.approx(0.0) and s["delivered_regret_at_20"] == math.inf  # these steps deliver nothing
     assert summarise([1, 3, None, 5, None]) == {"median": 5.0, "q25": 3.0, "q75": None, "n": 5, "reached": 3}
     assert summarise([1, 2, 3]) == {"median": 2.0, "q25": 1.5, "q75": 2.5, "n": 3, "reached": 3}
 

@@ -29,7 +29,11 @@ def make_sampler(run: RunSpec, worker_index: int) -> optuna.samplers.BaseSampler
     Seeds mix the study seed, the worker index and the process id, so workers and restarts never
     replay one another's proposals (a fixed seed re-proposes the first configurations after a restart).
     """
-    seed = (run.seed * 1_000_003 + worker_index * 7919 + os.getpid()) % (2**31)
+    return sampler_for(run, (run.seed * 1_000_003 + worker_index * 7919 + os.getpid()) % (2**31))
+
+
+def sampler_for(run: RunSpec, seed: int) -> optuna.samplers.BaseSampler:
+    """The study's sampler with an explicit `seed` (what `make_sampler` builds; benchmarks call it to repeat runs)."""
     if run.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if run.sampler == "gp":
