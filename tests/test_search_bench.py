@@ -169,7 +169,7 @@ def test_olive_names_a_conditional_knob_after_its_parents_and_tells_latency_and_
     trial = study.ask({"a": optuna.distributions.CategoricalDistribution([0, 1, 2])})
     route = Olive().suggest(trial, oracle.space)
     assert set(trial.params) == {"a", "b", f"c___{route['a']}"}  # inactive or not, c is sampled under its parent's value
-    Olive().tell(study, trial, oracle.evaluate(route, np.random.default_rng(0), gate=False), oracle)
+    Olive().tell(study, trial, oracle.evaluate(route, np.random.default_rng(0), gate=False), Evaluator(oracle, np.random.default_rng(0), 1))
     assert len(study.trials[0].values) == 2
 
 
@@ -217,3 +217,14 @@ def test_every_paired_strategy_measures_the_default_first() -> None:
     ev = Evaluator(oracle, np.random.default_rng(0), budget=3, policy=replace(PairedPolicy(), leak=0.0))
     with pytest.raises(ValueError, match="default route measured first"):
         ev(_route(1, "x", None))
+
+
+def test_a_slow_trial_is_told_like_the_worker_tells_it() -> None:
+    oracle = Oracle(synthetic(residual=0.2), 0.1)
+    ev = STRATEGIES["ours"].evaluate(oracle, budget=8, seed=1)
+    slow = [s for s in ev.steps if s.pruned]
+    assert slow and all(s.status == J.SLOW and not s.feasible and s.value is None for s in slow)
+    assert all(s.value == pytest.approx(ev.base_value * TRUE_MS_BY_KEY[s.key] / 40.0, rel=0.5) for s in ev.steps if s.feasible and s.key != BASE)
+
+
+TRUE_MS_BY_KEY = {key(a, b, c): ms for (a, b, c), ms in TRUE_MS.items()}

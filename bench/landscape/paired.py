@@ -58,6 +58,7 @@ class PairedPolicy:
     cap_s: float = 10.0  # timing cap per measurement (seconds of timed calls, both engines)
     block_s: float = 0.05  # a block lasts about this long (at least one call)
     min_cycles: int = 6  # ABBA cycles before any stopping rule applies (an exact 95 % Wilcoxon interval needs 6)
+    min_calls: int = 20  # precision also needs this many calls of the candidate (the study's min_repeats)
     max_cycles: int = 2000
     leak: float = 0.1  # share of the recorded between-round drift that pairing does not cancel
     race_top: int = 3  # leaders considered for racing
@@ -83,6 +84,15 @@ class Paired:
     seconds: float
     total: float = 0.0
     squares: float = 0.0
+    running: tuple[tuple[int, float, float, float], ...] = ()  # (cycle, speedup, low, high) after each judged cycle
+
+    @property
+    def low(self) -> float:
+        return self.log_ratio - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.log_ratio + self.half_width
 
 
 @dataclass(frozen=True)
@@ -122,12 +132,13 @@ class PairedMeter:
         var = np.maximum(np.cumsum(cycles**2) / n - mean**2, 0.0) * n / np.maximum(n - 1, 1)
         hw = t975(n - 1) * np.sqrt(var / n)
         eligible = n >= p.min_cycles
-        done = eligible & (hw <= math.log1p(p.half_width)) & (n * cycle_s >= p.min_duration_s)
+        done = eligible & (hw <= math.log1p(p.half_width)) & (n * cycle_s >= p.min_duration_s) & (2 * n * calls_c >= p.min_calls)
         slow = eligible & (mean - hw > slow_above) if slow_above is not None else np.zeros(n_max, bool)
         stop = np.flatnonzero(done | slow)
         i = int(stop[0]) if stop.size else n_max - 1
         why = SLOW if slow[i] else PRECISION if done[i] else CAP
-        return Paired(float(mean[i]), float(hw[i]), i + 1, why, (i + 1) * cycle_s, float(mean[i] * (i + 1)), float(np.sum(cycles[: i + 1] ** 2)))
+        running = tuple((j + 1, math.exp(-mean[j]), math.exp(-mean[j] - hw[j]), math.exp(-mean[j] + hw[j])) for j in range(p.min_cycles - 1, i + 1))
+        return Paired(float(mean[i]), float(hw[i]), i + 1, why, (i + 1) * cycle_s, float(mean[i] * (i + 1)), float(np.sum(cycles[: i + 1] ** 2)), running)
 
 
 def _block_logs(residuals: np.ndarray, calls: int, cycles: int, rng: np.random.Generator) -> np.ndarray:

@@ -35,7 +35,6 @@ from tuner.study.sampler import NoRepeatSampler, sampler_for
 from tuner import job as J
 
 TRIAL_CAP = 3  # a run stops after TRIAL_CAP x budget trials, whatever its builds
-SLOW_STATUS = "slow"  # a trial whose paired timing stopped early, clearly slower than the incumbent
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -83,38 +82,44 @@ class Evaluator:
     def __call__(self, route: Route) -> J.Result:
         key = route_hash(route)
         cached = self.seen.get(key) if self.cache else None
-        result, pruned = (cached, False) if cached else self._measure(key, self.oracle.evaluate(route, self.rng, gate=self.gate))
+        result = cached or self._measure(key, self.oracle.evaluate(route, self.rng, gate=self.gate))
         build = cached is None and result.status != J.INVALID_ROUTE  # a known-invalid route is never built
         self.builds += build
         self.seen.setdefault(key, result)
-        j = outcome.judge(result, self.oracle.tolerance, self.oracle.statistic)
+        j = self.judge(result)
         if self.race is None and j.feasible and j.value is not None and j.value < self.fastest[0]:
             self.fastest = (j.value, key)
         if self.race is not None:
             self.race.race()
         delivered = self.race.delivered if self.race is not None else self.fastest[1]
-        self.steps.append(Step(key, build, result.status, j.value, j.feasible, delivered, pruned))
+        self.steps.append(Step(key, build, result.status, j.value, j.feasible, delivered, result.status == J.SLOW))
         return result
 
-    def _measure(self, key: str, result: J.Result) -> tuple[J.Result, bool]:
-        """The paired measurement of a timed result (unchanged without a policy or before the baseline)."""
+    def judge(self, result: J.Result) -> outcome.Judgement:
+        """How the worker records `result` (paired values relative to the baseline trial's)."""
+        base = self.base_value if self.race is not None else None
+        return outcome.judge(result, self.oracle.tolerance, self.oracle.statistic, base)
+
+    def _measure(self, key: str, result: J.Result) -> J.Result:
+        """The paired measurement of a timed result (unchanged without a policy or before the baseline),
+        in the form the trial's child reports it (`Result.paired`, status `slow` when pruned)."""
         if self.policy is None or not result.latency:
-            return result, False
-        stat = self.oracle.statistic
-        if self.race is None:  # the baseline's own trial: its measurement anchors the reported values
+            return result
+        if self.race is None:  # the baseline's own trial: its measurement anchors the study's values
             if key != route_hash(self.oracle.space.default_route()):
                 raise ValueError("paired measurement needs the default route measured first")
-            self.base_value = float(result.latency[stat])
+            self.base_value = float(result.latency[self.oracle.statistic])
             self.race = Race(PairedMeter(self.oracle, self.policy, self.rng), key)
-            return result, False
+            return result
         m = self.race.measure(key)
-        value = self.base_value * math.exp(m.log_ratio)
+        paired = {"paired": True, "speedup": math.exp(-m.log_ratio), "ci": [math.exp(-m.high), math.exp(-m.low)],
+                  "stop": m.stopped, "cycles": m.cycles, "running": [list(r) for r in m.running]}
         if m.stopped == SLOW:  # pruned during timing: the full accuracy check never ran
-            return replace(result, status=SLOW_STATUS, latency=None, accuracy=None, message=f"{value:.6g}"), True
-        result = replace(result, latency={**result.latency, stat: value})
-        if outcome.judge(result, self.oracle.tolerance, stat).feasible:
+            return replace(result, status=J.SLOW, accuracy=None, paired=paired)
+        result = replace(result, paired=paired)
+        if self.judge(result).feasible:
             self.race.add(key, m)
-        return result, False
+        return result
 
 
 # -- Optuna strategies ----------------------------------------------------------------------------
@@ -125,30 +130,26 @@ class Encoding(Protocol):
 
     def suggest(self, trial: optuna.Trial, space: SearchSpace) -> Route: ...
 
-    def tell(self, study: optuna.Study, trial: optuna.Trial, result: J.Result, oracle: Oracle) -> None: ...
+    def tell(self, study: optuna.Study, trial: optuna.Trial, result: J.Result, ev: Evaluator) -> None: ...
 
 
 class Ours:
-    """The worker's encoding: conditional categorical knobs; outcome.record (PRUNED failures, two constraints)."""
+    """The worker's encoding: conditional categorical knobs; outcome.record (PRUNED failures and slow
+    routes with their running paired estimate, two constraints, paired values)."""
 
     def suggest(self, trial: optuna.Trial, space: SearchSpace) -> Route:
         return space.suggest(trial)
 
-    def tell(self, study: optuna.Study, trial: optuna.Trial, result: J.Result, oracle: Oracle) -> None:
-        if result.status == SLOW_STATUS:  # as the measurement branch records `slow`: PRUNED after its running estimate
-            trial.report(float(result.message), 1)
-            for key, value in zip(outcome.CONSTRAINT_KEYS, (0.0, -1.0)):
-                trial.set_constraint(key, value)
-            study.tell(trial, state=TrialState.PRUNED)
-        else:
-            outcome.record(study, trial, result, oracle.tolerance, oracle.statistic, {})
+    def tell(self, study: optuna.Study, trial: optuna.Trial, result: J.Result, ev: Evaluator) -> None:
+        base = ev.base_value if ev.race is not None else None
+        outcome.record(study, trial, result, ev.oracle.tolerance, ev.oracle.statistic, {}, base)
 
 
 class Plain(Ours):
     """Stock Optuna use: feasible routes COMPLETE, everything else FAIL (no constraints: samplers ignore FAIL)."""
 
-    def tell(self, study: optuna.Study, trial: optuna.Trial, result: J.Result, oracle: Oracle) -> None:
-        j = outcome.judge(result, oracle.tolerance, oracle.statistic)
+    def tell(self, study: optuna.Study, trial: optuna.Trial, result: J.Result, ev: Evaluator) -> None:
+        j = ev.judge(result)
         if j.feasible:
             study.tell(trial, j.value)
         else:
@@ -173,10 +174,10 @@ class Olive:
                 route[p.name] = p.choices[index]
         return route
 
-    def tell(self, study: optuna.Study, trial: optuna.Trial, result: J.Result, oracle: Oracle) -> None:
+    def tell(self, study: optuna.Study, trial: optuna.Trial, result: J.Result, ev: Evaluator) -> None:
         if result.latency:
             accuracy = result.accuracy if result.accuracy is not None and math.isfinite(result.accuracy) else float(sys.maxsize)
-            study.tell(trial, [float(result.latency[oracle.statistic]), accuracy])
+            study.tell(trial, [float(result.latency[ev.oracle.statistic]), accuracy])
         else:
             study.tell(trial, state=TrialState.PRUNED)
 
@@ -222,7 +223,7 @@ def optuna_search(
         if reask_duplicates and point in asked:
             continue
         asked.add(point)
-        encoding.tell(study, trial, ev(route), oracle)
+        encoding.tell(study, trial, ev(route), ev)
 
 
 def ours_sampler(seed: int) -> optuna.samplers.BaseSampler:
