@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from multiprocessing import Pool
 from pathlib import Path
@@ -125,6 +125,27 @@ def _summary(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     return out
 
 
+def measurement_facts(oracle: Oracle, top: int = 5, repeats: int = 60) -> dict[str, Any]:
+    """How ours' modelled paired measurement behaves on this landscape: for the `top` truly fastest
+    feasible routes against the default, the spread of repeated measurements (with the policy's leak
+    and with none), their mean half-width and what stopped them."""
+    import numpy as np
+
+    from bench.landscape.paired import PairedMeter
+    from tuner.space import route_hash
+
+    base = route_hash(oracle.space.default_route())
+    keys = sorted(oracle.truth, key=oracle.truth.__getitem__)[:top]
+    out: dict[str, Any] = {"routes": top, "repeats": repeats}
+    for label, policy in (("policy", OURS), ("no_leak", replace(OURS, leak=0.0))):
+        meter = PairedMeter(oracle, policy, np.random.default_rng(11))
+        ms = [[meter.measure(k, base) for _ in range(repeats)] for k in keys]
+        out[label] = {"leak": policy.leak, "ratio_sd": [round(float(np.std([m.log_ratio for m in row])), 4) for row in ms],
+                      "mean_half_width": round(float(np.mean([m.half_width for row in ms for m in row])), 4),
+                      "stopped": {why: sum(m.stopped == why for row in ms for m in row) for why in ("precision", "cap", "slow")}}
+    return out
+
+
 # -- choosing the default ---------------------------------------------------------------------------
 
 CHOICE_BUDGET = 30
@@ -197,6 +218,17 @@ def markdown(doc: dict[str, Any]) -> str:
         d = sc["facts"]
         lines.append(f"| {_col(doc, name)} | {sc['metric']} ≤ {sc['tolerance']:g} | {d['routes']} | {d['failing']} | {d['feasible']} | {d['within_2pct']} | {d['within_5pct']} | "
                      f"{_ms(d['default_ms'])} | {_ms(d['best_ms'])} | {_ms(d['fastest_any_ms'])} | {d['round_spread']:.2f}× |")
+    if all("paired_measurement" in sc for sc in doc["scenarios"].values()):
+        lines += ["", "**Ours' paired measurement, modelled** (the 5 truly fastest feasible routes against the default, 60 measurements each): "
+                  "spread of the measured log ratio between measurements, mean 95 % half-width, and what stopped the measurements.", "",
+                  "| Scenario | spread, leak 0 | spread, headline leak | mean half-width | stopped at the cap |", "|---|---|---|---|---|"]
+        for name, sc in doc["scenarios"].items():
+            f = sc["paired_measurement"]
+            pol, ideal = f["policy"], f["no_leak"]
+            n = sum(pol["stopped"].values())
+            lines.append(f"| {_col(doc, name)} | {100 * min(ideal['ratio_sd']):.1f}–{100 * max(ideal['ratio_sd']):.1f} % | "
+                         f"{100 * min(pol['ratio_sd']):.1f}–{100 * max(pol['ratio_sd']):.1f} % (leak {pol['leak']:g}) | "
+                         f"±{100 * pol['mean_half_width']:.1f} % | {100 * pol['stopped']['cap'] / n:.0f} % |")
     if "choice" in doc:
         c = doc["choice"]
         lines += ["", f"**Choosing the default sampler** (tuning scenarios: {', '.join(c['tuning_scenarios'])}; held out: {', '.join(c['held_out'])}). "
@@ -313,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["scenarios"][sc.name] = {
             "landscape": sc.landscape, "note": sc.note, "metric": o.metric, "tolerance": o.tolerance, "facts": o.describe(), "held_out": sc.held_out,
             "recorded": {"backend": meta["backend"], "environment": meta["environment"], "enumeration": meta["enumeration"]},
+            "paired_measurement": measurement_facts(o),
         }
     doc["results"] = run_all(scenarios, args.strategies, args.seeds, args.budget, args.jobs)
     doc["environment"]["loadavg_end"] = list(os.getloadavg())

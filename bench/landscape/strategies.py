@@ -362,5 +362,5 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("gpt-mixed", "GPT mixed: fast, then all combinations of the knobs trtexec 11.1 counts positive (did not crash and faster)",
              lambda o, ev, seed: gpt_mixed(o, ev), gate=False),
 )}
-DEFAULT_SET = ("ours", "tpe-startup-4", "tpe-startup-16", "tpe-repeats", "random",
-               "ours-leak-0", "ours-leak-1", "ours-no-prune", "ours-unpaired", "olive", "gpt-fast", "gpt-mixed")
+DEFAULT_SET = ("ours", "tpe-startup-4", "tpe-startup-16", "random",
+               "ours-leak-0", "ours-leak-1", "ours-unpaired", "olive", "gpt-fast", "gpt-mixed")
