@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", type=Path, default=REPO / "docs/search-efficiency.md")
     p.add_argument("--png", type=Path, default=REPO / "docs/img/search-efficiency.png")
     p.add_argument("--report-only", action="store_true", help="re-render the markdown and PNG from the JSON")
+    p.add_argument("--no-docs", action="store_true", help="write only the JSON (e.g. a longer budget for a few strategies)")
     args = p.parse_args(argv)
     if args.report_only:
         try:
@@ -353,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         doc["choice"] = choose_default(doc)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1, default=str))
-    write_docs(doc, args.markdown)
-    plot(doc, args.png)
+    if not args.no_docs:
+        write_docs(doc, args.markdown)
+        plot(doc, args.png)
     print(markdown(doc))
     return 0
 
