@@ -228,3 +228,17 @@ def test_a_slow_trial_is_told_like_the_worker_tells_it() -> None:
 
 
 TRUE_MS_BY_KEY = {key(a, b, c): ms for (a, b, c), ms in TRUE_MS.items()}
+
+
+def test_the_default_study_sampler_is_tpe_with_four_start_up_trials(tmp_path) -> None:
+    from tests.conftest import to_toml
+    from tests.models import conv_model
+    from tuner.spec import load_spec
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(to_toml({"study": {"name": "s"}, "model": {"path": str(conv_model(tmp_path / "m.onnx"))},
+                             "accuracy": {"metric": "max_abs", "tolerance": 1.0}, "backend": {"name": "onnxruntime"}, "run": {"budget": 2}}))
+    run = load_spec(spec).run
+    assert run.startup_trials == 4 == RunSpec(budget=1).startup_trials
+    tpe = sampler_for(run, 0).base
+    assert isinstance(tpe, optuna.samplers.TPESampler) and tpe._n_startup_trials == 4

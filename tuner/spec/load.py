@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpecError, TunerError
-from tuner.spec.model import AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
+from tuner.spec.model import DEFAULT_STARTUP_TRIALS, AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
 from tuner.store.urls import normalize_url
 
 STORAGE_ENV = "TUNER_STORAGE"
@@ -315,7 +315,7 @@ def _run(r: _Reader) -> RunSpec:
         grace_s=r.number(t, "run", "grace_s", 60.0, strict=True),
         sampler=sampler,
         seed=r.get(t, "run", "seed", int, 0),
-        startup_trials=r.count(t, "run", "startup_trials", 8, minimum=0),
+        startup_trials=r.count(t, "run", "startup_trials", DEFAULT_STARTUP_TRIALS, minimum=0),
         racing=r.get(t, "run", "racing", bool, True),
         keep_best=r.count(t, "run", "keep_best", 3),
         max_disk_mb=r.number(t, "run", "max_disk_mb", strict=True) if "max_disk_mb" in t else None,

@@ -85,6 +85,9 @@ class BackendSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+DEFAULT_STARTUP_TRIALS = 4  # TPE's random start-up trials (chosen by the delivered-route benchmark)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """How the study runs: budget, workers, timeouts, leases, sampler; what `tuner gc` keeps and the size cap."""
@@ -96,7 +99,7 @@ class RunSpec:
     grace_s: float = 60.0
     sampler: str = "tpe"
     seed: int = 0
-    startup_trials: int = 8
+    startup_trials: int = DEFAULT_STARTUP_TRIALS  # chosen in docs/search-efficiency.md
     racing: bool = True  # re-measure close leaders during the study (tuner.worker.race)
     keep_best: int = 3  # feasible trials whose artifacts `tuner gc` keeps (with the baseline and confirmed ones)
     max_disk_mb: float | None = None  # `tuner run` collects garbage when the work dir grows past this
