@@ -114,7 +114,7 @@ def recipes(model: Path, feeds: list[dict[str, np.ndarray]], work: Path) -> dict
 def tuner_winner(spec_path: Path, budget: int, storage: str, rerun: bool = True) -> tuple[dict[str, Any], Any]:
     """Run (or resume) the study to `budget` trials with confirmation; its best document and runner.
 
-    With `rerun` False an already confirmed study is only read (its confirmation is the verdict).
+    With `rerun` False the study is only read, as it is (its verdict says whether it was confirmed).
     """
     run = [sys.executable, "-m", "tuner", "run", str(spec_path), "--trials", str(budget), "--storage", storage]
     t0 = time.time()
@@ -149,7 +149,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--storage", default=None, help="default: a SQLite file beside the study's work dir")
     p.add_argument("--table", action="store_true", help="only print the README table of the recorded results")
-    p.add_argument("--confirmed", action="store_true", help="the study already ran and was confirmed: read its verdict, run nothing")
+    p.add_argument("--no-run", action="store_true", help="read the study as it is (its verdict, confirmed or not); run no trial")
     args = p.parse_args()
     if args.table:
         print(table(json.loads(OUT.read_text())))
@@ -159,7 +159,7 @@ def main() -> None:
     storage = args.storage or f"sqlite:///{spec.work_dir / 'expert-sweep.db'}"
     spec.work_dir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    doc, winner = tuner_winner(spec_path, args.budget, storage, rerun=not args.confirmed)
+    doc, winner = tuner_winner(spec_path, args.budget, storage, rerun=not args.no_run)
     ctx = Context(spec, storage)
     feeds = ctx.feeds
     tol = Tolerances(spec.accuracy.atol, spec.accuracy.rtol)
