@@ -23,14 +23,15 @@ def _artifact(work: Path, t: optuna.trial.FrozenTrial) -> list[Path]:
 
 
 def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec, pg_url, tmp_path: Path) -> None:
-    spec = write_spec(**{"run.budget": 8, "run.sampler": "random", "run.keep_best": 1})
+    spec = write_spec(**{"run.budget": 10, "run.sampler": "random", "run.keep_best": 1, "run.racing": False})
     assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
     work = tmp_path / ".tuner" / "tiny"
     ts = sorted(trials(pg_url, "tiny"), key=lambda t: t.number)
     feasible = sorted((t for t in ts if is_feasible(t)), key=lambda t: (t.value, t.number))
     baseline = ts[0]
-    confirmed = next(t for t in reversed(feasible) if t.user_attrs["artifact_sha256"] not in
-                     {baseline.user_attrs["artifact_sha256"], feasible[0].user_attrs["artifact_sha256"]})
+    taken = {baseline.user_attrs["artifact_sha256"], feasible[0].user_attrs["artifact_sha256"]}
+    with_artifact = [t for t in reversed(feasible + ts) if t.user_attrs.get("artifact_sha256") not in taken | {None, ""}]
+    confirmed = with_artifact[0]  # a later-ranked trial that a confirmation measured
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
     study.set_user_attr("confirmation", {"candidates": [{"trial": confirmed.number}], "trial": confirmed.number,  # as confirm stores it
                                          "message": "no significant speedup", "study_best_trial": feasible[0].number})
