@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,10 +20,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def start_tuner(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start `tuner ARGS` in the background, output to `log` (`env` adds to or overrides the environment)."""
+    """Start `tuner ARGS` in the background, output to `log` (`env` adds to or overrides the environment).
+
+    SIGINT is reset to its default in the child: a test run started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then never installs its Ctrl-C handler.
+    """
     with open(log, "wb") as f:
         return subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=REPO)
+                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=REPO,
+                                preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen[bytes] | None = None, limit_s: float = 120) -> None:
