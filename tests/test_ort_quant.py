@@ -13,9 +13,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import tuner
 from tests.helpers import status, trial_dir, trials
+from tests.models import vad_model
 from tuner.backends.base import BuildContext, ModelInfo
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
 from tuner.backends.onnxruntime.quant_space import recommendation
+from tuner.backends.onnxruntime.quantize import outer_scope_producers
 from tuner.backends.onnxruntime.space import recommended_route
 from tuner.precision import VariantOptions, make_variant
 
@@ -74,7 +76,7 @@ def weight_input_model(path: Path) -> Path:
 
 def build_and_run(model: Path, route_changes: dict, work: Path, data: list[dict[str, np.ndarray]]) -> tuple[dict, Path]:
     backend = OnnxRuntimeBackend()
-    info = ModelInfo(model, {"x": tuple(data[0]["x"].shape)})
+    info = ModelInfo(model, {name: tuple(value.shape) for name, value in data[0].items()})
     space = backend.space(info)
     route = space.complete(route_changes)
     assert space.contains(route), route
@@ -139,6 +141,28 @@ def test_mixed_precision_keeps_the_most_sensitive_nodes_in_fp32_measured_once(ti
         dq_weights = {o for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits for o in n.output}
         quantized = {n.name for n in graph.node if set(n.input) & dq_weights}  # nodes with int8 weights
         assert set(kept).isdisjoint(quantized) and len(quantized) == 3 - len(kept), (kept, quantized)  # 3 weighted nodes
+
+
+@pytest.mark.parametrize("quant_types", ["U8S8", "U8U8"])
+def test_qoperator_keeps_a_tensor_an_if_branch_reads_from_the_outer_scope(tmp_path: Path, quant_types: str) -> None:
+    # ONNX Runtime's QOperator quantizer drops `proj` (read only inside the If's branches): without the
+    # producer kept in fp32 the variant fails to load ("unknown initializers/tensors {'proj'}")
+    model = vad_model(tmp_path / "vad.onnx")
+    data = [{"input": RNG.uniform(-0.5, 0.5, (1, 512)).astype(np.float32), "state": np.zeros((2, 1, 128), np.float32),
+             "sr": np.array(16000, np.int64)} for _ in range(4)]
+    assert outer_scope_producers(_named(model)) == ["MatMul_0"]
+    ref = build_and_run(model, {}, tmp_path / "ref", data)[0]["output"]
+    out, variant = build_and_run(model, {"precision": "int8_static", "quant_types": quant_types, "quant_format": "qoperator", "quant_ops": "all"}, tmp_path / "w", data)
+    assert np.allclose(out["output"], ref, atol=0.05)
+    graph = onnx.load(str(variant)).graph
+    assert any(n.op_type == "QLinearMatMul" for n in graph.node) and any(o == "proj" for n in graph.node for o in n.output)
+
+
+def _named(model: Path) -> onnx.ModelProto:
+    proto = onnx.load(str(model))
+    for i, node in enumerate(proto.graph.node):
+        node.name = node.name or f"{node.op_type}_{i}"
+    return proto
 
 
 def test_opset12_model_with_constant_and_identity_weights_gets_int8_variants(tmp_path: Path) -> None:

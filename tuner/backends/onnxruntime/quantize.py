@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import onnx
 import onnxruntime as ort
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
@@ -33,6 +34,8 @@ def quantize(prepared: Path, out: Path, opts: QuantOptions, feeds: list[Feed], e
 
 
 def _static(prepared: Path, out: Path, opts: QuantOptions, feeds: list[Feed], exclude: list[str]) -> None:
+    if opts.quant_format == "qoperator":
+        exclude = exclude + [n for n in outer_scope_producers(onnx.load(str(prepared), load_external_data=False)) if n not in exclude]
     extra: dict[str, object] = {"ActivationSymmetric": opts.activation_symmetric, "WeightSymmetric": opts.weight_symmetric}
     if opts.calibration == "percentile":
         extra["CalibPercentile"] = opts.percentile
@@ -43,6 +46,35 @@ def _static(prepared: Path, out: Path, opts: QuantOptions, feeds: list[Feed], ex
         activation_type=getattr(QuantType, _TYPES[opts.activation]), weight_type=getattr(QuantType, _TYPES[opts.weight]),
         nodes_to_exclude=exclude, calibrate_method=method[opts.calibration], extra_options=extra,
     )
+
+
+def outer_scope_producers(model: onnx.ModelProto) -> list[str]:
+    """Names of the main graph's nodes whose outputs a subgraph (If/Loop/Scan body) reads from the outer scope.
+
+    ONNX Runtime's QOperator quantizer renames a quantized node's output and adds a DequantizeLinear only
+    for the consumers it sees; a subgraph's implicit read is not one of them, so the tensor vanishes and
+    the model no longer loads. Keeping these producers in fp32 keeps the tensor.
+    """
+    read: set[str] = set()
+    for node in model.graph.node:
+        for attr in node.attribute:
+            for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                read |= _outer_reads(graph)
+    return [n.name for n in model.graph.node if read.intersection(n.output)]
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """Tensor names `graph` (and its nested subgraphs) read but does not define itself."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(x for x in node.input if x)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                used |= _outer_reads(sub)
+        defined.update(node.output)
+    used.update(o.name for o in graph.output)
+    return used - defined
 
 
 def check_loads(model: Path) -> None:
