@@ -18,6 +18,7 @@ from bench.landscape.score import ratio_curve, score, summarise
 from bench.landscape.strategies import STRATEGIES, Evaluator, Step, gpt_fast
 from tests.conftest import REPO, to_toml
 from tests.models import conv_model
+from tuner.backends.onnxruntime.quant_space import recommendation
 from tuner.backends.replay.landscape import load_landscape
 from tuner.backends.replay.space import replay_space
 from tuner.measure.accuracy import Tolerances, compare, worst
@@ -28,9 +29,9 @@ from tuner import job as J
 
 SPACE = {"precision": ["fp32", "int8_dynamic"], "graph_optimization_level": ["all", "disabled"], "execution_mode": ["sequential"],
          "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True],
-         # the int8 knobs at their defaults but per-channel (ONNX Runtime's int8 routes grew them; 50 routes otherwise)
+         # the int8 knobs at their defaults (reduce_range's follows this CPU's VNNI) but per-channel (ONNX Runtime's int8 routes grew them; 50 routes otherwise)
          "quant_types": ["U8S8"], "quant_format": ["qdq"], "activation_symmetric": [False], "weight_symmetric": [True],
-         "weight_type": ["S8"], "reduce_range": [True], "calibration": ["minmax"], "percentile": [99.999], "quant_ops": ["all"],
+         "weight_type": ["S8"], "reduce_range": [recommendation().reduce_range], "calibration": ["minmax"], "percentile": [99.999], "quant_ops": ["all"],
          "fp32_nodes": [0], "int8_graph_level": ["all"]}  # 6 routes
 
 
