@@ -20,7 +20,7 @@ Writes bench/results/measurement.json (merging into an existing file: one key pe
 `--h200 FILE` folds the H200 agreement run (bench/gpu/measure_agreement.py's output, e.g.
 bench/results/gpu-measurement.json) into the same document under `h200`, without running anything.
 
-Usage: python bench/measurement.py [--workers 1 2] [--trials 16] [--before REV] [--admin URL] [--h200 FILE]
+Usage: python bench/measurement.py [--workers 1 2] [--trials 16] [--before REV] [--tag r2] [--admin URL] [--h200 FILE]
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ def unpack(rev: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
+    # older code looked for `tuner.migrations` first, which this checkout's editable install answers with
+    # *its* migrations; give the unpacked package its own
+    if (dest / "migrations").is_dir() and not (dest / "tuner" / "migrations").exists():
+        (dest / "tuner" / "migrations").symlink_to(dest / "migrations", target_is_directory=True)
     return dest
 
 
@@ -250,6 +254,7 @@ def main() -> None:
     p.add_argument("--before-no-confirm", action="store_true", help="the 'before' runs measure cost only (no confirmation)")
     p.add_argument("--admin", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--tag", default="", help="suffix of the configurations' keys (e.g. r2: a repetition kept beside the first)")
     p.add_argument("--h200", type=Path, default=None, help="fold this H200 agreement run into the document and stop")
     p.add_argument("--table", action="store_true", help="print the README table of --out and stop")
     args = p.parse_args()
@@ -275,7 +280,7 @@ def main() -> None:
         for code, label, workers, trials, confirm in plan:
             print(f"== {label}, {workers} worker(s), {trials} trials", flush=True)
             result = run_config(code, label, workers, trials, args.admin, tmp, confirm)
-            doc["configs"][f"{label.split('-')[0]}-{workers}w"] = {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            doc["configs"][f"{label.split('-')[0]}-{workers}w" + (f"-{args.tag}" if args.tag else "")] = {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
             print(json.dumps({k: result.get(k) for k in ("study_speedup", "confirm_speedup_same_trial", "agreement", "winner_between_round_cv",

@@ -57,6 +57,8 @@ SCENARIOS = (
     Scenario("efficientnet-strict", "bench/landscapes/efficientnet_lite0.json.gz", 0.001, "cosine", "logits within cosine distance 0.001"),
     Scenario("minilm", "bench/landscapes/minilm_l6.json.gz", note="the study's tolerance: embedding cosine distance <= 0.02"),
     Scenario("minilm-strict", "bench/landscapes/minilm_l6.json.gz", 0.001, note="embedding cosine distance <= 0.001", held_out=True),
+    Scenario("inductor-h200", "bench/landscapes/efficientnet_lite0_inductor_h200.json.gz", 0.125, "top1_mismatch",
+             "H200, PyTorch Inductor, 64 routes; the GPU study's tolerance: at most 2 of 16 photos change class", held_out=True),
 )
 
 
