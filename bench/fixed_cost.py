@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
@@ -18,19 +19,24 @@ from tuner.backends.device import cpu_fingerprint
 from tuner.space import Param, Route, SearchSpace
 
 BUILD_S = Option("build_s", float, 1.0, "seconds each build sleeps")
+IDLE_BUILD = Option("idle_build", bool, False, "the sleeping build leaves the host's cores free, so CPU timings need not wait for it")
 
 
 class FixedCostBackend(Backend):
     """Routes that all cost `build_s` seconds to build and run the same real model."""
 
     name = "fixed-cost"
-    options = (BUILD_S,)
+    options = (BUILD_S, IDLE_BUILD)
 
     def version(self) -> str:
         return "1"
 
     def device(self) -> dict[str, Any]:
         return cpu_fingerprint()
+
+    def build_uses_host_cores(self, options: Mapping[str, Any]) -> bool:
+        """A sleep uses no core, but by default it holds them like a compiler would (see `idle_build`)."""
+        return not IDLE_BUILD.get(options)
 
     def space(self, model: ModelInfo) -> SearchSpace:
         return SearchSpace((Param("a", tuple(range(8)), 0), Param("b", tuple(range(8)), 0), Param("c", tuple(range(8)), 0)))
@@ -61,7 +67,7 @@ class LoggedFixedCostBackend(FixedCostBackend):
     """
 
     name = "fixed-cost-logged"
-    options = (BUILD_S, BUILD_LOG)
+    options = (BUILD_S, IDLE_BUILD, BUILD_LOG)
 
     def space(self, model: ModelInfo) -> SearchSpace:
         """8^6 routes, so a short random study almost never samples one route twice."""

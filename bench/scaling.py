@@ -89,7 +89,7 @@ def _q(values: Sequence[float], q: float) -> float | None:
     return round(sorted(values)[int(q * (len(values) - 1))], 4) if values else None
 
 
-def run_once(workers: int, trials: int, build_s: float, admin: str, tmp: Path, rep: int) -> dict[str, Any]:
+def run_once(workers: int, trials: int, build_s: float, admin: str, tmp: Path, rep: int, idle_build: bool = False) -> dict[str, Any]:
     """One `tuner run` of a fresh fixed-cost study with `workers` workers, measured end to end."""
     url = _database(admin)
     name = f"scaling-{workers}-r{rep}"
@@ -101,7 +101,7 @@ def run_once(workers: int, trials: int, build_s: float, admin: str, tmp: Path, r
         "accuracy": {"metric": "max_abs", "tolerance": 1e-3},
         # the tuner's own cost is measured, not the model: each paired timing is capped at 0.2 s
         "objective": {"warmup_s": 0.0, "min_repeats": 3, "min_duration_s": 0.0, "timing_cap_s": 0.2},
-        "backend": {"name": "bench.fixed_cost:FixedCostBackend", "options": {"build_s": build_s}},
+        "backend": {"name": "bench.fixed_cost:FixedCostBackend", "options": {"build_s": build_s, "idle_build": idle_build}},
         "run": {"budget": trials, "workers": workers, "sampler": "random", "heartbeat_s": 1.0, "racing": False},
     }))
     load_before, cpu_before = os.getloadavg(), cpu_times()
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build-s", type=float, default=2.0)
     p.add_argument("--workers", default="1,2,4,8")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--idle-build", action="store_true",
+                   help="builds leave the host's cores free (CPU timings do not wait for them); default: they hold them like a compiler")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scaling.json")
     args = p.parse_args(argv)
     try:
@@ -170,12 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         conv_model(tmp / "tiny.onnx")
         for rep in range(args.reps):
             for n in counts:
-                runs.append(run_once(n, args.trials, args.build_s, args.pg, tmp, rep))
+                runs.append(run_once(n, args.trials, args.build_s, args.pg, tmp, rep, args.idle_build))
                 r = runs[-1]
                 print(f"rep {rep + 1} workers {n}: {r['wall_s']} s end to end, overhead incl. tell {r['overhead_incl_tell_s_median']} s, "
                       f"load {r['loadavg_before'][0]}->{r['loadavg_after'][0]}, host busy {r['host_cpu_busy']:.0%}", flush=True)
     doc = {"benchmark": "scaling", "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-           "build_s": args.build_s, "trials_per_run": args.trials, "reps": args.reps, "cores": os.cpu_count(),
+           "build_s": args.build_s, "idle_build": args.idle_build, "trials_per_run": args.trials, "reps": args.reps, "cores": os.cpu_count(),
            "method": __doc__.split("\n\n")[1].strip(), "rows": summarise(runs), "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_name(f".{args.out.name}.tmp")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -98,3 +99,52 @@ def test_device_keys_and_an_unusable_lock_directory(tmp_path: Path, monkeypatch:
     blocker.write_text("")
     with DeviceLock("host", blocker / "locks").exclusive() as hold:
         assert not hold.exclusive and "lock directory" in hold.to_dict()["lock_error"]
+
+
+def _waiting_pids() -> set[int]:
+    """PIDs the kernel lists as waiting for a flock (/proc/locks lines with `->`)."""
+    return {int(line.split()[5]) for line in Path("/proc/locks").read_text().splitlines() if "->" in line}
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+@pytest.mark.parametrize("idle_build", [False, True])
+def test_a_build_waits_for_a_cpu_timing_unless_its_backend_says_it_leaves_the_cores_free(
+        idle_build: bool, write_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    from dataclasses import replace
+
+    from tuner import job as J
+    from tuner.spec import load_spec
+    from tuner.study.setup import Context
+    from tuner.worker.isolate import run_isolated
+    from tuner.worker.jobs import make_job
+
+    locks, log = tmp_path / "locks", tmp_path / "builds"
+    log.mkdir()
+    monkeypatch.setenv("TUNER_LOCK_DIR", str(locks))  # the trial's child inherits it
+    spec = write_spec(**{"backend.name": "bench.fixed_cost:LoggedFixedCostBackend",
+                         "backend.options": {"build_s": 0.05, "idle_build": idle_build, "build_log": str(log)}})
+    ctx = Context(load_spec(spec), "")
+    job = replace(make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out"), tolerance=1.0)
+    timing = LockProc(locks)  # another process's CPU timing holds the host's cores
+    timing.send("exclusive")
+    assert timing.reply() == "held exclusive 1"
+    before = _waiting_pids()
+    results: list[J.Result] = []
+    child = threading.Thread(target=lambda: results.append(run_isolated(job, tmp_path / "t")))
+    child.start()
+    deadline = time.monotonic() + 60
+    while not (_waiting_pids() - before):  # an event: the child queues on the host lock
+        assert time.monotonic() < deadline, "the trial's child never waited for the host lock"
+        time.sleep(0.01)
+    records = [json.loads(p.read_text()) for p in log.glob("*.json")]
+    if idle_build:  # it built while the timing held the cores, and waits only to load and check the engine
+        assert len(records) == 1 and "end" in records[0], records
+    else:  # it waits before building
+        assert records == []
+    timing.send("release")
+    assert timing.reply() == "released"
+    child.join(timeout=120)
+    timing.close()
+    assert results and results[0].status == J.OK, results
+    assert len(list(log.glob("*.json"))) == 1

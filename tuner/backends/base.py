@@ -193,6 +193,10 @@ class Backend(abc.ABC):
     name: str = ""
     options: tuple[Option, ...] = ()
 
+    def build_uses_host_cores(self, options: Mapping[str, Any]) -> bool:
+        """Whether `build` keeps this host's CPU cores busy, so that a CPU timing must wait for it (True by default)."""
+        return True
+
     def option_problem(self, options: Mapping[str, Any]) -> tuple[str, str] | None:
         """The first (key, expected) wrong with a study's backend options, or None."""
         declared = {o.name: o for o in self.options}

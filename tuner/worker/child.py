@@ -10,6 +10,8 @@ whose default action ends the process even inside native code), a little after t
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import os
 import signal
@@ -133,8 +135,9 @@ def run_job(job: J.Job, result_path: Path) -> J.Result:
     res = t.res
     cores = DeviceLock(HOST)  # everything but the timing holds the host's cores shared: no timing runs meanwhile
     try:
-        with cores.shared():
+        with cores.shared() if t.backend.build_uses_host_cores(job.options) else contextlib.nullcontext():
             artifact = build_phase(t)
+        with cores.shared():
             runner_cm = load_phase(t, artifact)
         with runner_cm as runner:
             with cores.shared():
