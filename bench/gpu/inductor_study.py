@@ -223,11 +223,12 @@ def collect(spec: Any, storage: str, wall: float) -> dict[str, Any]:
     from tuner.study.setup import Context
     from tuner.study.summary import summarize_study
 
-    study = Context(spec, storage).load()
+    ctx = Context(spec, storage)
+    study = ctx.load()
     summary = summarize_study(study)
     trials = []
     for t in study.get_trials(deepcopy=False):
-        result_file = spec.work_dir / "trials" / f"{t.number:05d}" / "result.json"
+        result_file = ctx.trials_dir / f"{t.number:05d}" / "result.json"
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
         trials.append({
             "number": t.number, "state": t.state.name, "params": t.params, "value_ms": t.value,
