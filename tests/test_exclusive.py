@@ -6,12 +6,19 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tuner import job as J
 from tuner.measure.exclusive import DeviceLock, device_key
+from tuner.spec import load_spec
+from tuner.study.setup import Context
+from tuner.worker.isolate import run_isolated
+from tuner.worker.jobs import make_job
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,15 +117,6 @@ def _waiting_pids() -> set[int]:
 @pytest.mark.parametrize("idle_build", [False, True])
 def test_a_build_waits_for_a_cpu_timing_unless_its_backend_says_it_leaves_the_cores_free(
         idle_build: bool, write_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
-    from dataclasses import replace
-
-    from tuner import job as J
-    from tuner.spec import load_spec
-    from tuner.study.setup import Context
-    from tuner.worker.isolate import run_isolated
-    from tuner.worker.jobs import make_job
-
     locks, log = tmp_path / "locks", tmp_path / "builds"
     log.mkdir()
     monkeypatch.setenv("TUNER_LOCK_DIR", str(locks))  # the trial's child inherits it

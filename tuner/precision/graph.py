@@ -87,10 +87,16 @@ def topological_sort(graph: Any) -> None:
 def _needs(node: Any) -> Iterator[str]:
     """The outer-graph names `node` reads: its inputs and the free names of its subgraphs."""
     yield from (x for x in node.input if x)
+    yield from subgraph_reads(node)
+
+
+def subgraph_reads(node: Any) -> Iterator[str]:
+    """The names `node`'s subgraphs (If branches, Loop and Scan bodies, nested) read from the outer scope."""
     for graph in _subgraphs(node):
         local = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
         for inner in graph.node:
             yield from (x for x in _needs(inner) if x not in local)
+        yield from (o.name for o in graph.output if o.name not in local)  # an output that names an outer value
 
 
 def _defined(graph: Any) -> set[str]:

@@ -17,6 +17,7 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 
 from tuner.backends.onnxruntime.recipe import QuantOptions
 from tuner.measure.inputs import Feed
+from tuner.precision.graph import subgraph_reads
 
 _TYPES = {"U8": "QUInt8", "S8": "QInt8"}
 
@@ -55,26 +56,8 @@ def outer_scope_producers(model: onnx.ModelProto) -> list[str]:
     for the consumers it sees; a subgraph's implicit read is not one of them, so the tensor vanishes and
     the model no longer loads. Keeping these producers in fp32 keeps the tensor.
     """
-    read: set[str] = set()
-    for node in model.graph.node:
-        for attr in node.attribute:
-            for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                read |= _outer_reads(graph)
+    read = {name for node in model.graph.node for name in subgraph_reads(node)}
     return [n.name for n in model.graph.node if read.intersection(n.output)]
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    """Tensor names `graph` (and its nested subgraphs) read but does not define itself."""
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(x for x in node.input if x)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                used |= _outer_reads(sub)
-        defined.update(node.output)
-    used.update(o.name for o in graph.output)
-    return used - defined
 
 
 def check_loads(model: Path) -> None:
