@@ -63,7 +63,9 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         self.rng = np.random.default_rng(seed)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return self.base.infer_relative_search_space(study, trial)
+        """The base's space; before any trial has finished (the base then has none), the running trials' knobs,
+        so the first proposals of parallel workers are drawn here and kept from repeating one another."""
+        return self.base.infer_relative_search_space(study, trial) or _space_of_running(study, trial)
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         proposal = self.base.sample_relative(study, trial, search_space)
@@ -114,6 +116,16 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
         self.rng = np.random.default_rng()
+
+
+def _space_of_running(study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+    """The knobs every other running trial has suggested with the same distribution (their intersection)."""
+    space: dict[str, BaseDistribution] | None = None
+    for other in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if other.number != trial.number:
+            space = dict(other.distributions) if space is None else {
+                n: d for n, d in space.items() if other.distributions.get(n) == d}
+    return {n: d for n, d in (space or {}).items() if not d.single()}
 
 
 def _repeats(params: Mapping[str, Any], tried: list[dict[str, Any]]) -> bool:
