@@ -181,7 +181,7 @@ def test_every_strategy_spends_builds_on_distinct_routes_and_is_scored(recorded,
     result = score(steps, oracle, budget=6)
     assert result["builds"] == len(built) and len(result["curve"]) == len(built)
     reached = [oracle.truth[k] for k in {s.key for s in built}]  # tolerance 1.0: every recorded route is feasible
-    assert result["curve"][-1] == pytest.approx(min(reached) / oracle.best)  # 1.0 once it saw every route
+    assert result["curve"][-1] == pytest.approx(min(reached) / oracle.best, abs=1e-5)  # the curve is rounded to 5 places
     if len(reached) == 6:
         assert result["builds_to_2pct"] <= 6
 

@@ -65,7 +65,10 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         """The base's space; before any trial has finished (the base then has none), the running trials' knobs,
         so the first proposals of parallel workers are drawn here and kept from repeating one another."""
-        return self.base.infer_relative_search_space(study, trial) or _space_of_running(study, trial)
+        space = self.base.infer_relative_search_space(study, trial)
+        if space or study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            return space  # an independent base (no relative space) keeps sampling on its own once it has history
+        return _space_of_running(study, trial)
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         proposal = self.base.sample_relative(study, trial, search_space)
