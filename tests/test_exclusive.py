@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from optuna.trial import TrialState
+
+from tests.helpers import start_tuner, trials
 from tuner import job as J
 from tuner.measure.exclusive import DeviceLock, device_key
 from tuner.spec import load_spec
@@ -115,7 +118,7 @@ def _waiting_pids() -> set[int]:
 
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
 @pytest.mark.parametrize("idle_build", [False, True])
-def test_a_build_waits_for_a_cpu_timing_unless_its_backend_says_it_leaves_the_cores_free(
+def test_a_trial_starts_and_builds_after_a_cpu_timing_unless_its_backend_leaves_the_cores_free(
         idle_build: bool, write_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     locks, log = tmp_path / "locks", tmp_path / "builds"
     log.mkdir()
@@ -132,17 +135,47 @@ def test_a_build_waits_for_a_cpu_timing_unless_its_backend_says_it_leaves_the_co
     child = threading.Thread(target=lambda: results.append(run_isolated(job, tmp_path / "t")))
     child.start()
     deadline = time.monotonic() + 60
-    while not (_waiting_pids() - before):  # an event: the child queues on the host lock
-        assert time.monotonic() < deadline, "the trial's child never waited for the host lock"
+    while not (waiting := _waiting_pids() - before):  # an event: the worker or its child queues on the host lock
+        assert time.monotonic() < deadline, "the trial never waited for the host lock"
         time.sleep(0.01)
     records = [json.loads(p.read_text()) for p in log.glob("*.json")]
-    if idle_build:  # it built while the timing held the cores, and waits only to load and check the engine
+    if idle_build:  # its child started and built while the timing held the cores, and waits only to load the engine
         assert len(records) == 1 and "end" in records[0], records
-    else:  # it waits before building
-        assert records == []
+        assert os.getpid() not in waiting
+    else:  # the worker waits before it even starts the child (whose imports would use the cores), then hands its hold down
+        assert records == [] and waiting == {os.getpid()}
     timing.send("release")
     assert timing.reply() == "released"
     child.join(timeout=120)
     timing.close()
     assert results and results[0].status == J.OK, results
     assert len(list(log.glob("*.json"))) == 1
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+def test_a_worker_samples_only_between_cpu_timings(write_spec, sqlite_url, tmp_path: Path) -> None:
+    """Optuna's sampling (and recording) use the cores too: a worker asks for a trial only once no timing runs."""
+    locks, log = tmp_path / "locks", tmp_path / "builds"
+    log.mkdir()
+    spec = write_spec(**{"backend.name": "bench.fixed_cost:LoggedFixedCostBackend", "run.budget": 1,
+                         "backend.options": {"build_s": 0.0, "build_log": str(log)}})
+    timing = LockProc(locks)
+    timing.send("exclusive")
+    assert timing.reply() == "held exclusive 1"
+    before = _waiting_pids()
+    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url, log=tmp_path / "run.log",
+                       env={"TUNER_LOCK_DIR": str(locks)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (_waiting_pids() - before):  # an event: the worker queues on the host lock
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()[-2000:]
+            time.sleep(0.01)
+        assert not [t for t in trials(sqlite_url, "tiny") if t.state == TrialState.RUNNING]  # nothing asked yet
+        assert not list(log.glob("*.json"))
+        timing.send("release")
+        assert timing.reply() == "released"
+        assert proc.wait(timeout=180) == 0, (tmp_path / "run.log").read_text()[-2000:]
+    finally:
+        proc.kill()
+        timing.close()
+    assert [t.state for t in trials(sqlite_url, "tiny")] == [TrialState.COMPLETE]

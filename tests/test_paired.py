@@ -10,7 +10,7 @@ import pytest
 
 from tuner.backends.base import Runner
 from tuner.measure import paired as P
-from tuner.measure.speedup import _critical, signed_rank_counts, speedup_from_log_ratios
+from tuner.measure.speedup import _critical, pooled_speedup, signed_rank_counts, speedup_from_log_ratios
 from tuner.worker.timing import block_fn
 
 
@@ -155,3 +155,21 @@ def test_per_call_blocks_time_each_call_and_pipelined_blocks_one_run_of_back_to_
     assert len(per_call) == 7 and runner.calls == 7 and all(v > 0 for v in per_call)
     pipelined = block_fn(runner, feed, P.PIPELINED)(7)
     assert len(pipelined) == 1 and runner.calls == 14 and pipelined[0] > 0
+
+
+def test_pooled_measurements_that_disagree_get_an_interval_spanning_them() -> None:
+    """Two processes' measurements, each tight but 20 % apart: pooling their cycles as one sample would claim
+    a tight interval between them; the random-effects pool covers both."""
+    a = [math.log(2.0) + e for e in (-0.004, -0.002, 0.0, 0.001, 0.002, 0.003, 0.004, -0.001)]
+    b = [math.log(2.4) + e for e in (-0.004, -0.002, 0.0, 0.001, 0.002, 0.003, 0.004, -0.001)]
+    naive = speedup_from_log_ratios(a + b, 0.95)
+    pooled = pooled_speedup([a, b], 0.95)
+    assert pooled.estimate == pytest.approx(math.sqrt(2.0 * 2.4), rel=0.01)
+    assert pooled.low < 2.0 and pooled.high > 2.4 and pooled.rounds == 16
+    assert naive.high - naive.low < pooled.high - pooled.low
+    same = pooled_speedup([a, a], 0.95)  # agreeing measurements: no between-measurement variance
+    single = speedup_from_log_ratios(a, 0.95)
+    assert single.low < same.low < same.estimate < same.high < single.high
+    assert pooled_speedup([a, a[:3]], 0.95) == single  # too short for an interval: left out
+    with pytest.raises(ValueError, match="6 cycles"):
+        pooled_speedup([a[:3]], 0.95)

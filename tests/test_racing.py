@@ -57,7 +57,7 @@ def test_confirmed_best_and_incumbent() -> None:
     best = R.best_confirmed(trials, raced)
     assert best is not None and best.number == 2  # trial 1's pooled interval now includes 1.0
     assert R.incumbent([_trial(3, 0.9, (0.8, 0.95))], {}) == 1.0  # never below the default route
-    attrs = R.refined_attrs(R.refine([math.log(1.3)] * 3 + [math.log(1.32)] * 3, 0.95), 1, 10.0)
+    attrs = R.refined_attrs(R.refine([[math.log(1.3)] * 6, [math.log(1.32)] * 6], 0.95), 1, 10.0)
     assert attrs["confirmed"] and attrs["value_refined"] == pytest.approx(10.0 / attrs["speedup_refined"])
 
 

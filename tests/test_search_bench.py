@@ -86,17 +86,15 @@ def test_the_timing_cap_and_early_pruning_stop_a_measurement() -> None:
     assert slow.stopped == SLOW and slow.cycles == 6
 
 
-def test_pooling_measurements_equals_pooling_their_cycles() -> None:
-    cycles = [np.array([0.1, 0.2, 0.15, 0.12, 0.18, 0.11]), np.array([0.3, 0.25, 0.28, 0.31, 0.27, 0.26])]
-    ms = [Paired(float(c.mean()), 0.01, len(c), PRECISION, 1.0, float(c.sum()), float((c**2).sum())) for c in cycles]
-    est, hw = Candidate("k", ms).pooled()
-    both = np.concatenate(cycles)
-    assert est == pytest.approx(both.mean())
-    assert hw == pytest.approx(2.201 * both.std(ddof=1) / math.sqrt(both.size))  # t(11) 97.5 %
+def test_pooling_measurements_widens_the_interval_by_their_disagreement() -> None:
+    agree = Candidate("k", [_paired(0.1, 0.02), _paired(0.1, 0.02)]).pooled()
+    assert agree[0] == pytest.approx(0.1) and agree[1] < 0.02  # two agreeing measurements: narrower than either
+    est, hw = Candidate("k", [_paired(0.1, 0.02), _paired(0.3, 0.02)]).pooled()
+    assert est == pytest.approx(0.2) and est - hw < 0.1 and est + hw > 0.3  # they disagree: the interval spans both
 
 
 def _paired(log_ratio: float, hw: float) -> Paired:
-    return Paired(log_ratio, hw, 6, PRECISION, 1.0, 6 * log_ratio, 6 * log_ratio**2)
+    return Paired(log_ratio, hw, 6, PRECISION, 1.0)
 
 
 def test_racing_remeasures_the_new_leader_and_overlapping_rivals_and_delivers_only_confirmed_routes() -> None:
@@ -107,8 +105,10 @@ def test_racing_remeasures_the_new_leader_and_overlapping_rivals_and_delivers_on
     assert race.delivered == key(1, "x") and race.to_race() == []
     race.add(key(2, "y", 0), _paired(math.log(0.5) + 0.005, 0.01))  # overlaps the leader: both raced
     assert set(race.to_race()) == {key(1, "x"), key(2, "y", 0)}
-    race.race()  # its noiseless re-measurement (11 ms) puts it clearly ahead: racing stops
-    assert race.to_race() == [] and race.remeasures == 3
+    race.race()  # its noiseless re-measurement (11 ms) puts it ahead, but disagrees with its first (20 ms) ...
+    assert race.delivered == key(2, "y", 0) and race.to_race() == [key(2, "y", 0)]  # ... so its pool overlaps: once more
+    race.race()
+    assert race.to_race() == [] and race.remeasures == 4
     assert race.delivered == key(2, "y", 0)
     assert len(race.candidates[key(1, "x")].measurements) == 3  # the trial's and two re-measurements: no more
 

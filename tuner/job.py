@@ -107,6 +107,9 @@ class Job:
     baseline: dict[str, Any] | None = None  # the baseline engine to pair with: {"trial", "path", "sha256", "route"}
     baseline_gate: str | None = None  # no baseline yet: wait on this gate for it (tuner.worker.timing.BaselineGate)
     incumbent: float | None = None  # stop as `slow` when the speedup interval lies entirely below this
+    # The build occupies the host's cores (`Backend.build_uses_host_cores`): the child then starts and builds
+    # under a shared hold of the host lock (tuner.measure.exclusive), so no CPU timing runs meanwhile.
+    build_holds_cores: bool = True
 
     def write(self, path: Path) -> None:
         """Save as JSON."""

@@ -36,6 +36,7 @@ import numpy as np
 
 from bench.landscape.oracle import Oracle
 from tuner import job as J
+from tuner.measure.speedup import random_effects
 
 PRECISION, CAP, SLOW = "precision", "cap", "slow"  # what stopped a measurement
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -74,16 +75,13 @@ class PairedPolicy:
 
 @dataclass(frozen=True)
 class Paired:
-    """One paired measurement: log(candidate / baseline) with its 95 % half-width (in log units), and
-    the sums of its cycles' log ratios (for pooling)."""
+    """One paired measurement: log(candidate / baseline) with its 95 % half-width (in log units)."""
 
     log_ratio: float
     half_width: float
     cycles: int
     stopped: str
     seconds: float
-    total: float = 0.0
-    squares: float = 0.0
     running: tuple[tuple[int, float, float, float], ...] = ()  # (cycle, speedup, low, high) after each judged cycle
 
     @property
@@ -138,7 +136,7 @@ class PairedMeter:
         i = int(stop[0]) if stop.size else n_max - 1
         why = SLOW if slow[i] else PRECISION if done[i] else CAP
         running = tuple((j + 1, math.exp(-mean[j]), math.exp(-mean[j] - hw[j]), math.exp(-mean[j] + hw[j])) for j in range(p.min_cycles - 1, i + 1))
-        return Paired(float(mean[i]), float(hw[i]), i + 1, why, (i + 1) * cycle_s, float(mean[i] * (i + 1)), float(np.sum(cycles[: i + 1] ** 2)), running)
+        return Paired(float(mean[i]), float(hw[i]), i + 1, why, (i + 1) * cycle_s, running)
 
 
 def _block_logs(residuals: np.ndarray, calls: int, cycles: int, rng: np.random.Generator) -> np.ndarray:
@@ -175,13 +173,12 @@ class Candidate:
         return len(self.measurements) - 1
 
     def pooled(self) -> tuple[float, float]:
-        """(log ratio, 95 % half-width) of all its cycles pooled, as `racing.refine` pools them."""
+        """(log ratio, 95 % half-width) of its measurements combined with random effects, as `racing.refine` pools them."""
         if len(self.measurements) == 1:
             return self.measurements[0].log_ratio, self.measurements[0].half_width
-        n = sum(m.cycles for m in self.measurements)
-        mean = sum(m.total for m in self.measurements) / n
-        var = max(sum(m.squares for m in self.measurements) / n - mean**2, 0.0) * n / max(n - 1, 1)
-        return mean, float(t975(n - 1) * math.sqrt(var / n))
+        est, se = random_effects([m.log_ratio for m in self.measurements],
+                                 [(m.half_width / t975(m.cycles - 1)) ** 2 for m in self.measurements])
+        return est, 1.96 * se
 
 
 @dataclass

@@ -13,6 +13,13 @@ writer therefore holds the turnstile, new readers queue behind it, and it gets i
 readers already inside are done. flock locks belong to open file descriptions: they are released
 when the holder exits, whatever kills it, so a crashed child never leaves a device locked.
 
+A trial's child starts under a shared hold its worker takes before spawning it and hands down as an
+open file descriptor (`STARTUP_HOLD_ENV`, see `tuner.worker.isolate`): the child's Python start-up
+(imports, reading feeds and references: a second of a core) never overlaps another worker's timing.
+The child adopts that hold as its build's (`shared(adopt=fd)`) rather than queueing again: a second
+shared request from a holder could wait behind a queued writer that waits for the first.
+The worker itself holds the lock shared while it samples and records trials (Optuna, the database).
+
 The lock directory is $TUNER_LOCK_DIR, else `<tmp>/tuner-locks-<uid>`; every process of one host
 that times on the same devices must use the same one. Where it cannot be used the timing goes ahead
 and is recorded as not exclusive, with the reason (`Hold`).
@@ -31,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 LOCK_DIR_ENV = "TUNER_LOCK_DIR"
+STARTUP_HOLD_ENV = "TUNER_STARTUP_HOLD_FD"  # the descriptor of the shared hold a child inherits from its worker
 HOST = "host"
 
 
@@ -56,6 +64,7 @@ class Hold:
     held: bool  # False when the lock directory could not be used
     wait_s: float = 0.0
     reason: str = ""
+    fd: int = -1  # the held lock's descriptor (-1 when not held): a child started meanwhile may inherit it
 
     @property
     def exclusive(self) -> bool:
@@ -94,18 +103,40 @@ class DeviceLock:
             fcntl.flock(turnstile, fcntl.LOCK_EX)
             fcntl.flock(rw, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-            yield Hold(self.device, mode, True, time.perf_counter() - start)
+            yield Hold(self.device, mode, True, time.perf_counter() - start, fd=rw)
         finally:
             os.close(rw)  # closing releases the locks
             os.close(turnstile)
 
-    def shared(self) -> contextlib.AbstractContextManager[Hold]:
-        """Hold the lock shared (builds, loading, accuracy checks)."""
-        return self.hold("shared")
+    def shared(self, adopt: int | None = None) -> contextlib.AbstractContextManager[Hold]:
+        """Hold the lock shared (builds, loading, accuracy checks).
+
+        `adopt`: the descriptor of a shared hold this process already has (`inherited_startup_hold`):
+        it is held on without queueing, and closed at the end of the block.
+        """
+        return self.hold("shared") if adopt is None else self._adopted(adopt)
+
+    @contextlib.contextmanager
+    def _adopted(self, fd: int) -> Iterator[Hold]:
+        try:
+            yield Hold(self.device, "shared", True, fd=fd)
+        finally:
+            os.close(fd)
 
     def exclusive(self) -> contextlib.AbstractContextManager[Hold]:
         """Hold the lock exclusive (a timing)."""
         return self.hold("exclusive")
+
+
+def inherited_startup_hold() -> int | None:
+    """The shared host hold this process's worker handed down (`STARTUP_HOLD_ENV`), kept from the process's own
+    children (not inheritable, the variable removed); None when it was started without one."""
+    value = os.environ.pop(STARTUP_HOLD_ENV, None)
+    if value is None:
+        return None
+    fd = int(value)
+    os.set_inheritable(fd, False)
+    return fd
 
 
 def machine_state() -> dict[str, Any]:

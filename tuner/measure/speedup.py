@@ -9,6 +9,12 @@ is the matching Wilcoxon signed-rank interval: from the exact null distribution 
 `EXACT_MAX` pairs, from its normal approximation (with continuity correction) above that. The
 interval assumes only that the pairs are independent and the d's symmetric about their centre: no
 normality, and one disturbed pair cannot drag the estimate.
+
+Several measurements of one trial (racing re-measures it in fresh processes) are not one sample:
+a process's state (where its threads and buffers land) moves its ratio for its whole life, so the
+cycles of one process are not independent of each other. `pooled_speedup` combines measurements
+as a random-effects meta-analysis (DerSimonian-Laird, normal interval) of their estimates: the
+spread between measurements widens the interval beyond what their cycles alone would claim.
 """
 
 from __future__ import annotations
@@ -120,3 +126,34 @@ def speedup_interval(default: Sequence[float], candidate: Sequence[float], confi
         raise ValueError("default and candidate need one latency per round each")
     d = np.log(np.asarray(default, dtype=float)) - np.log(np.asarray(candidate, dtype=float))
     return speedup_from_log_ratios(list(d), confidence)
+
+
+def pooled_speedup(measurements: Sequence[Sequence[float]], confidence: float) -> Speedup:
+    """One speedup from several measurements of the same two engines (each a list of per-cycle log ratios).
+
+    Each measurement gives a Hodges-Lehmann estimate y_i with a within-measurement variance v_i read
+    off its signed-rank interval; the between-measurement variance tau^2 is the DerSimonian-Laird
+    moment estimate, and the result is the inverse-variance (1 / (v_i + tau^2)) weighted mean of the
+    y_i with a normal interval. Measurements too short for an interval are left out; raises
+    ValueError when none is long enough.
+    """
+    usable = [m for m in measurements if len(m) >= min_rounds(confidence)]
+    if not usable:
+        raise ValueError(f"no measurement has the {min_rounds(confidence)} cycles a {confidence:.1%} interval needs")
+    if len(usable) == 1:
+        return speedup_from_log_ratios(usable[0], confidence)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    fits = [location_interval(m, confidence) for m in usable]
+    est, se = random_effects([f[0] for f in fits], [((f[2] - f[1]) / (2 * z)) ** 2 for f in fits])
+    return Speedup(math.exp(est), math.exp(est - z * se), math.exp(est + z * se), confidence, sum(map(len, usable)))
+
+
+def random_effects(estimates: Sequence[float], variances: Sequence[float]) -> tuple[float, float]:
+    """(pooled estimate, its standard error): DerSimonian-Laird random-effects combination of `estimates`
+    with within-study `variances` (inverse-variance weights 1 / (v_i + tau^2), tau^2 the moment estimate)."""
+    y, v = np.asarray(estimates, dtype=float), np.maximum(np.asarray(variances, dtype=float), 1e-12)
+    w = 1 / v
+    q = float(np.sum(w * (y - np.sum(w * y) / np.sum(w)) ** 2))
+    tau2 = max(0.0, (q - (len(y) - 1)) / float(np.sum(w) - np.sum(w**2) / np.sum(w))) if len(y) > 1 else 0.0
+    w_star = 1 / (v + tau2)
+    return float(np.sum(w_star * y) / np.sum(w_star)), math.sqrt(1 / float(np.sum(w_star)))

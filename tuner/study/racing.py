@@ -16,7 +16,7 @@ the note and the report):
 Racing results live in the *study* user attribute `racing` (Optuna refuses to change a finished
 trial's attributes or value): `{"<trial number>": {...}}` with `speedup_refined`,
 `speedup_refined_ci` (every paired measurement of the trial pooled: the original and each
-re-measurement), `value_refined` (the study value from the refined speedup), `remeasured` (how
+re-measurement, as a random-effects combination, `tuner.measure.speedup.pooled_speedup`), `value_refined` (the study value from the refined speedup), `remeasured` (how
 many re-measurements), `confirmed` (bool, see `is_confirmed`) and, while a worker re-measures it,
 `claim`. Each re-measurement's samples are kept in `tuner_measurements` (kind `race`). Read it
 with `races(study)`; the study's best is `best_confirmed(trials, races)`.
@@ -37,7 +37,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.measure.speedup import Speedup, speedup_from_log_ratios
+from tuner.measure.speedup import Speedup, pooled_speedup
 from tuner.study.outcome import is_feasible
 
 ATTR = "racing"
@@ -133,9 +133,9 @@ def incumbent(trials: Sequence[FrozenTrial], raced: Races) -> float:
     return max([1.0] + [s.low for s in standings(trials, raced)])
 
 
-def refine(log_ratios: Sequence[float], confidence: float) -> Speedup:
-    """The pooled speedup of every paired cycle measured for one trial."""
-    return speedup_from_log_ratios(list(log_ratios), confidence)
+def refine(measurements: Sequence[Sequence[float]], confidence: float) -> Speedup:
+    """The pooled speedup of every paired measurement of one trial (each its per-cycle log ratios; random effects)."""
+    return pooled_speedup(measurements, confidence)
 
 
 def refined_attrs(pooled: Speedup, remeasured: int, baseline_value: float | None) -> dict[str, Any]:

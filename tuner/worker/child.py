@@ -28,7 +28,7 @@ from tuner.files import atomic_write
 from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.reference import load_reference
-from tuner.measure.exclusive import HOST, DeviceLock
+from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold
 from tuner import job as J
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.lifeline import die_with_parent
@@ -129,13 +129,16 @@ def accuracy_phase(t: Trial, runner: Runner, gate_out: list[Outputs]) -> None:
         res.message = f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on {len(t.feeds)} feeds"
 
 
-def run_job(job: J.Job, result_path: Path) -> J.Result:
-    """Execute one trial and return its result (also written to `result_path` as it progresses)."""
+def run_job(job: J.Job, result_path: Path, startup_hold: int | None = None) -> J.Result:
+    """Execute one trial and return its result (also written to `result_path` as it progresses).
+
+    `startup_hold`: the shared host hold this process started under (from its worker); the build keeps it.
+    """
     t = Trial.open(job, result_path)
     res = t.res
     cores = DeviceLock(HOST)  # everything but the timing holds the host's cores shared: no timing runs meanwhile
     try:
-        with cores.shared() if t.backend.build_uses_host_cores(job.options) else contextlib.nullcontext():
+        with cores.shared(startup_hold) if job.build_holds_cores or startup_hold is not None else contextlib.nullcontext():
             artifact = build_phase(t)
         with cores.shared():
             runner_cm = load_phase(t, artifact)
@@ -164,11 +167,12 @@ def run_job(job: J.Job, result_path: Path) -> J.Result:
 def main(argv: list[str]) -> int:
     """Entry point: run the job and write the final result."""
     die_with_parent(signal.SIGKILL)
+    startup_hold = inherited_startup_hold()
     job_path, result_path = Path(argv[0]), Path(argv[1])
     job = J.Job.read(job_path)
     signal.alarm(math.ceil(job.timeout_s + DEADLINE_MARGIN_S))
     try:
-        res = run_job(job, result_path)
+        res = run_job(job, result_path, startup_hold)
         atomic_write(result_path, res.to_json())
     except (OSError, MemoryError) as exc:
         if environment_fault(exc) is None:

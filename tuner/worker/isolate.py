@@ -1,11 +1,14 @@
 """Run a job in a fresh child process with a wall-clock timeout and classify how it ended.
 
+The child starts under a shared hold of the host lock taken here and handed down to it
+(`tuner.measure.exclusive`): its start-up never overlaps another worker's CPU timing.
 The child is tied to this process (`PR_SET_PDEATHSIG`, see `tuner.worker.lifeline`) and carries its
 own deadline, so it never outlives a worker killed with SIGKILL and never hangs on as an orphan.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,6 +16,7 @@ import sys
 from pathlib import Path
 
 from tuner import job as J
+from tuner.measure.exclusive import HOST, STARTUP_HOLD_ENV, DeviceLock
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.lifeline import PARENT_ENV
 
@@ -68,11 +72,13 @@ def run_isolated(job: J.Job, trial_dir: Path, handle: ChildHandle | None = None,
             raise
         return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=f"could not prepare {trial_dir}: {fault}")
     with log:
-        handle.proc = proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.worker.child", str(job_path), str(result_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=child_env(env),
-        )
+        with DeviceLock(HOST).shared() if job.build_holds_cores else contextlib.nullcontext() as hold:
+            handed = hold is not None and hold.held
+            handle.proc = proc = subprocess.Popen(
+                [sys.executable, "-m", "tuner.worker.child", str(job_path), str(result_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(hold.fd,) if handed else (), env=child_env({**(env or {}), **({STARTUP_HOLD_ENV: str(hold.fd)} if handed else {})}),
+            )
         if handle.killed:  # a stop arrived while the child was being started
             _killpg(proc.pid)
         timed_out = False

@@ -36,5 +36,5 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
         warmup_s=spec.objective.warmup_s, min_repeats=spec.objective.min_repeats,
         min_duration_s=spec.objective.min_duration_s, timeout_s=spec.run.trial_timeout_s,
         statistic=o.statistic, mode=o.mode, target_halfwidth=o.target_halfwidth, timing_cap_s=o.timing_cap_s, block_s=o.block_s,
-        **pairing,
+        build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options), **pairing,
     )

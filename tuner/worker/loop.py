@@ -26,6 +26,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.store.cache import ResultStore, cache_key
+from tuner.measure.exclusive import HOST, DeviceLock
 from tuner.measure.inputs import file_hash
 from tuner.store.db import OUTAGE, STOP, db_retry, is_db_fault, study_lock
 from tuner.store.leases import Leases, Owner
@@ -89,6 +90,7 @@ class Worker:
         self.holding_gate = ExitStack()  # the baseline gate, while this worker evaluates the baseline trial
         self.racer = Racer(ctx, self.study, self.results, self.name, self.stop.child)
         self.env_streak = 0  # trials in a row that ended in an environment error
+        self.cores = DeviceLock(HOST)  # held shared while sampling and recording (CPU work): no CPU timing meanwhile
 
     def _db(self, fn: Callable[[], T]) -> T:
         """`fn()` retried until the database answers, however long that takes, or until a stop."""
@@ -142,7 +144,7 @@ class Worker:
 
     def reserve(self) -> tuple[optuna.Trial | None, int]:
         """Under the study lock: count, and ask only if budget remains. Returns (trial, running)."""
-        with study_lock(self.ctx.url, self.spec.study) as held:
+        with self.cores.shared(), study_lock(self.ctx.url, self.spec.study) as held:  # host first, as in `_tell`
             counts = count_trials(self.ctx.url, self.study_id)
             if counts.exhausted(self.budget):
                 return None, counts.running
@@ -194,7 +196,7 @@ class Worker:
         `started` is when this worker began reserving the trial; the time not spent inside the
         child's build/check/time phases is recorded as the tuner's own overhead (`overhead_s`).
         """
-        route = self._db(lambda: self.ctx.space.suggest(trial))  # sampling reads the study
+        route = self._db(lambda: self._on_cores(lambda: self.ctx.space.suggest(trial)))  # sampling reads the study
         beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(oa.trial_id(trial), beating), daemon=True)
         beat.start()
@@ -208,13 +210,18 @@ class Worker:
         wall = time.perf_counter() - started
         extra.update(trial_wall_s=round(wall, 4), overhead_s=round(wall - sum(result.phase_s.values()), 4))
         try:
-            self._db(lambda: self._tell(trial, result, extra))
+            self._db(lambda: self._on_cores(lambda: self._tell(trial, result, extra)))
             if result.status == J.OK and result.artifact_path and trial.user_attrs.get("source") == racing.BASELINE_SOURCE:
                 self.gate.publish({"trial": trial.number, "path": result.artifact_path, "sha256": result.artifact_sha256, "route": route})
         finally:
             self.holding_gate.close()
         self._db(lambda: self.leases.release(oa.trial_id(trial)))
         self._pace(result)
+
+    def _on_cores(self, fn: Callable[[], T]) -> T:
+        """`fn()` holding the host lock shared (sampling and recording use the cores); retried by `_db` outside."""
+        with self.cores.shared():
+            return fn()
 
     def _pace(self, result: J.Result) -> None:
         """After an environment error, pause (doubling, capped) instead of burning budget; say so once."""

@@ -113,8 +113,8 @@ class Racer:
                 if ok and result is not None:
                     self.results.add_measurement(self.ctx.spec.study, number, f"race-{self.name}", KIND,
                                                  {**(result.latency or {}), **measurement_stats(result)}, result.samples_ms, result.timing_info)
-                cycles = [d for m in self.results.measurements(self.ctx.spec.study) if m.trial_number == number and m.kind in ("trial", KIND)
-                          for d in (m.stats.get("paired") or {}).get("log_ratios", [])]
+                cycles = [list((m.stats.get("paired") or {}).get("log_ratios", [])) for m in self.results.measurements(self.ctx.spec.study)
+                          if m.trial_number == number and m.kind in ("trial", KIND)]
                 with study_lock(self.ctx.url, self.ctx.spec.study):
                     entry = self._update(number, None)
                     change: dict[str, Any] = {"claim": None}
