@@ -30,9 +30,12 @@ class OnnxRuntimeBackend(Backend):
     )
 
     def version(self) -> str:
+        """ONNX Runtime's version and the session settings every timed session gets (part of the cache key)."""
         import onnxruntime
 
-        return onnxruntime.__version__
+        from tuner.backends.onnxruntime.run import SESSION_CONFIG
+
+        return " ".join([onnxruntime.__version__, *(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in sorted(SESSION_CONFIG.items()))])
 
     def device(self) -> dict[str, Any]:
         import onnxruntime
