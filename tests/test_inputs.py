@@ -42,6 +42,7 @@ tolerance = 0.001
 warmup_s = 0.0
 min_repeats = 5
 min_duration_s = 0.02
+timing_cap_s = 0.5
 
 [backend]
 name = "onnxruntime"
