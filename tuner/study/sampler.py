@@ -8,8 +8,8 @@ the median builds until the best route from 94/22/21/48 to 32/16/20/31 on the fo
 
 The default TPE has 4 random start-up trials (`RunSpec.startup_trials`), chosen by the route it
 *delivers* after paired measurement and racing, on three tuning scenarios: at 30 builds it delivered
-within 2 % of the true best in 50/100/65 % of seeds against 35/95/75 % with 8 start-up trials, and
-55 % against 35 % on the held-out scenario (`bench/results/search-efficiency.json`).
+within 2 % of the true best in 60/100/90 % of seeds against 55/95/85 % with 8 start-up trials, and
+40 % against 40 % on the held-out MiniLM-strict scenario (`bench/results/search-efficiency.json`).
 """
 
 from __future__ import annotations
