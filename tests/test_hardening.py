@@ -136,13 +136,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def fill(disk: Path) -> Path:
-    """Write a file until the disk is full; returns it."""
+    """Write a file until the disk is full; returns it.
+
+    Unbuffered: a buffered file would keep the bytes of a partial last write and fail again on close.
+    """
     filler = disk / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (1 << 16))
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     return filler
