@@ -16,7 +16,8 @@ the note and the report):
 Racing results live in the *study* user attribute `racing` (Optuna refuses to change a finished
 trial's attributes or value): `{"<trial number>": {...}}` with `speedup_refined`,
 `speedup_refined_ci` (every paired measurement of the trial pooled: the original and each
-re-measurement, as a random-effects combination, `tuner.measure.speedup.pooled_speedup`), `value_refined` (the study value from the refined speedup), `remeasured` (how
+re-measurement, as a random-effects combination, `tuner.measure.speedup.pooled_speedup`),
+`value_refined` (the study value from the refined speedup), `remeasured` (how
 many re-measurements), `confirmed` (bool, see `is_confirmed`) and, while a worker re-measures it,
 `claim`. Each re-measurement's samples are kept in `tuner_measurements` (kind `race`). Read it
 with `races(study)`; the study's best is `best_confirmed(trials, races)`.
