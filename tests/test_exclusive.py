@@ -111,9 +111,14 @@ def test_device_keys_and_an_unusable_lock_directory(tmp_path: Path, monkeypatch:
         assert not hold.exclusive and "lock directory" in hold.to_dict()["lock_error"]
 
 
-def _waiting_pids() -> set[int]:
-    """PIDs the kernel lists as waiting for a flock (/proc/locks lines with `->`)."""
-    return {int(line.split()[5]) for line in Path("/proc/locks").read_text().splitlines() if "->" in line}
+def _waiting_pids(lock_dir: Path) -> set[int]:
+    """PIDs the kernel lists as waiting for a flock on a file in `lock_dir` (/proc/locks lines with `->`).
+
+    Only that directory's files count: tests running beside this one (pytest-xdist) wait on locks of their own.
+    """
+    files = {f"{os.major(s.st_dev):02x}:{os.minor(s.st_dev):02x}:{s.st_ino}" for s in (p.stat() for p in lock_dir.iterdir())}
+    waiting = (line.split() for line in Path("/proc/locks").read_text().splitlines() if "->" in line)
+    return {int(fields[5]) for fields in waiting if fields[6] in files}
 
 
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
@@ -130,12 +135,12 @@ def test_a_trial_starts_and_builds_after_a_cpu_timing_unless_its_backend_leaves_
     timing = LockProc(locks)  # another process's CPU timing holds the host's cores
     timing.send("exclusive")
     assert timing.reply() == "held exclusive 1"
-    before = _waiting_pids()
+    before = _waiting_pids(locks)
     results: list[J.Result] = []
     child = threading.Thread(target=lambda: results.append(run_isolated(job, tmp_path / "t")))
     child.start()
     deadline = time.monotonic() + 60
-    while not (waiting := _waiting_pids() - before):  # an event: the worker or its child queues on the host lock
+    while not (waiting := _waiting_pids(locks) - before):  # an event: the worker or its child queues on the host lock
         assert time.monotonic() < deadline, "the trial never waited for the host lock"
         time.sleep(0.01)
     records = [json.loads(p.read_text()) for p in log.glob("*.json")]
@@ -162,12 +167,12 @@ def test_a_worker_samples_only_between_cpu_timings(write_spec, sqlite_url, tmp_p
     timing = LockProc(locks)
     timing.send("exclusive")
     assert timing.reply() == "held exclusive 1"
-    before = _waiting_pids()
+    before = _waiting_pids(locks)
     proc = start_tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url, log=tmp_path / "run.log",
                        env={"TUNER_LOCK_DIR": str(locks)})
     try:
         deadline = time.monotonic() + 120
-        while not (_waiting_pids() - before):  # an event: the worker queues on the host lock
+        while not (_waiting_pids(locks) - before):  # an event: the worker queues on the host lock
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()[-2000:]
             time.sleep(0.01)
         assert not [t for t in trials(sqlite_url, "tiny") if t.state == TrialState.RUNNING]  # nothing asked yet

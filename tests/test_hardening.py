@@ -94,7 +94,7 @@ def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path
     proc = start_tuner("run", str(spec), "--no-confirm", log=tmp_path / "run.log", env={"TUNER_STORAGE": url})
     try:
         wait_for_file(markers / "blocked-0", proc)  # workers and a trial's child are running now
-        seen = list(processes())
+        seen = [(pid, cmd, env) for pid, cmd, env in processes() if str(tmp_path).encode() in cmd]  # this test's
         assert [pid for pid, cmd, _ in seen if b"tuner.worker.main" in cmd], "no worker process found"
         children = [pid for pid, cmd, _ in seen if b"tuner.worker.child" in cmd]
         assert children, "no trial child found"
