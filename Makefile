@@ -28,8 +28,11 @@ demo: $(CORE)
 	$(VENV)/bin/tuner run studies/efficientnet_lite0.toml
 	$(VENV)/bin/tuner best studies/efficientnet_lite0.toml
 
+# Tests run side by side in TEST_WORKERS pytest-xdist processes (README, design notes); TEST_WORKERS=0 runs them in one.
+TEST_WORKERS ?= 3
+
 test: $(TESTDEPS)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) studies/.tuner test-artifacts

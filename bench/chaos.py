@@ -135,6 +135,7 @@ class Seed:
     grace_s: float
     root: Path
     schedule: tuple[str, ...] = FAULTS
+    timing_cap_s: float | None = None  # None: the tuner's default cap (what the recorded seeds ran with)
     faults: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -164,7 +165,8 @@ class Seed:
             "model": {"path": str(self.root / "tiny.onnx")},
             "data": {"samples": 2, "gate_samples": 1},
             "accuracy": {"metric": "max_abs", "tolerance": 1e-3},
-            "objective": {"warmup_s": 0.0, "min_repeats": 3, "min_duration_s": 0.0},
+            "objective": {"warmup_s": 0.0, "min_repeats": 3, "min_duration_s": 0.0,
+                          **({"timing_cap_s": self.timing_cap_s} if self.timing_cap_s is not None else {})},
             "backend": {"name": "bench.fixed_cost:LoggedFixedCostBackend",
                         "options": {"build_s": self.build_s, "build_log": str(self.build_log)}},
             "run": {"budget": self.budget, "workers": self.workers, "sampler": "random", "seed": self.seed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -25,16 +26,32 @@ def _admin() -> Any:
     return conn
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that read the session's recorded landscape run in one pytest-xdist worker (it is recorded once there)."""
+    for item in items:
+        if "recorded" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("recorded"))
+
+
+def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder this test run's processes share: pytest's base temp, above the per-worker ones under pytest-xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_timing_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Timing locks private to this test session (tuner.measure.exclusive), inherited by every process it starts.
+    """Timing locks private to this test run (tuner.measure.exclusive), inherited by every process it starts.
 
-    Trials of one session still exclude each other; other sessions and studies on this host do not
-    hold up its trials (a test's short trial timeout would count their timings as its own).
+    Trials of one run exclude each other, in every pytest-xdist worker, as trials on one host do; other
+    runs and studies on this host do not hold up its trials (a test's short trial timeout would count
+    their timings as its own).
     """
     from tuner.measure.exclusive import LOCK_DIR_ENV
 
-    directory = tmp_path_factory.mktemp("timing-locks")
+    directory = run_root(tmp_path_factory) / "timing-locks"
+    directory.mkdir(exist_ok=True)
     previous = os.environ.get(LOCK_DIR_ENV)
     os.environ[LOCK_DIR_ENV] = str(directory)
     yield directory
@@ -45,7 +62,16 @@ def private_timing_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
+def pg_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The PostgreSQL cluster for one test: shared with the tests beside it (pytest-xdist), or the test's alone
+    if it is marked `restarts_postgres` (it waits until no other test uses the cluster, and they wait for it)."""
+    with open(run_root(tmp_path_factory) / "pg-cluster.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("restarts_postgres") else fcntl.LOCK_SH)
+        yield
+
+
+@pytest.fixture
+def pg_url(pg_cluster: None) -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
     name = f"tuner_test_{uuid.uuid4().hex[:12]}"
     conn = _admin()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import tuner
+from tests.conftest import REPO, tuner
 from tests.helpers import status, trial_dir, trials
 from tests.models import vad_model
 from tuner.backends.base import BuildContext, ModelInfo
@@ -223,3 +226,29 @@ def test_a_failed_variant_is_learned_once_and_costs_no_budget(write_spec, pg_url
     s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
     assert s["repeated_failures"] == 0 and s["repeated_failures_share"] == 0.0
     assert len(ts) - len(known) + max(0, len(known) - 10) == 10  # the budget counts trials that ran; known failures are free up to 10
+
+
+PREPARE = """import sys
+from pathlib import Path
+if sys.argv[3] == "torch-first":
+    import torch  # noqa: F401  (as in a process that has it loaded already)
+from tuner.backends.onnxruntime.prepare import prepare
+done = prepare(Path(sys.argv[1]), "key", Path(sys.argv[2]), lambda line: None)
+print(done.steps[-1]["detail"], "torch" in sys.modules)
+"""
+
+
+def test_preparation_runs_symbolic_shape_inference_without_importing_torch(tiny_model: Path, tmp_path: Path) -> None:
+    """onnxruntime.tools would import torch where it is installed; the prepared model is the same either way."""
+    pytest.importorskip("torch", reason="only where torch is installed does onnxruntime.tools import it")
+    outputs = {}
+    for mode in ("plain", "torch-first"):
+        run = subprocess.run([sys.executable, "-c", PREPARE, str(tiny_model), str(tmp_path / mode), mode], capture_output=True,
+                             text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        outputs[mode] = run.stdout.split()
+        (prepared,) = (tmp_path / mode).glob("*.prepared.key.onnx")
+        outputs[mode].append(prepared.read_bytes())
+    assert outputs["plain"][:2] == ["full", "False"]  # symbolic shape inference ran, and torch was never imported
+    assert outputs["torch-first"][:2] == ["full", "True"]
+    assert outputs["plain"][2] == outputs["torch-first"][2]

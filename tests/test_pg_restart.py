@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from optuna.trial import TrialState
 
 from tests.helpers import start_tuner, trials, wait_for_file
@@ -17,6 +18,7 @@ def _restart_postgres() -> None:
     subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True, timeout=120)
 
 
+@pytest.mark.restarts_postgres
 def test_study_survives_a_postgres_restart(write_spec, pg_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"2": "block"}},

@@ -17,7 +17,9 @@ the prepared model, stored with the study and shown by `tuner space`:
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
+import types
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +138,7 @@ def upgrade_opset(model: Any) -> dict[str, Any]:
 
 
 def _pre_process(src: Path, out: Path) -> dict[str, Any]:
+    _keep_torch_out_of_ort_tools()
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     errors = []
@@ -147,4 +150,26 @@ def _pre_process(src: Path, out: Path) -> dict[str, Any]:
             errors.append(f"{label}: {type(exc).__name__}: {str(exc)[:120]}")
     src.replace(out)
     return {"step": "quant_pre_process", "status": "failed", "detail": "; ".join(errors)}
+
+
+TORCH_HELPER = "onnxruntime.tools.pytorch_export_helpers"
+
+
+def _keep_torch_out_of_ort_tools() -> None:
+    """Keep symbolic shape inference from importing PyTorch (about 2 s of a core, once per process).
+
+    `onnxruntime.tools`, whose `symbolic_shape_infer` the pre-processing uses, imports torch on import
+    wherever torch is installed, only to offer `infer_input_info`, a helper for exporting PyTorch models
+    that nothing here calls. Registering that one helper module first, as a stand-in that refuses to run,
+    spares the import; it is skipped once `onnxruntime.tools` or torch is already loaded.
+    """
+    if TORCH_HELPER in sys.modules or "onnxruntime.tools" in sys.modules or "torch" in sys.modules:
+        return
+    helper = types.ModuleType(TORCH_HELPER, "Stand-in registered by tuner.backends.onnxruntime.prepare (PyTorch not imported).")
+
+    def infer_input_info(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError(f"{TORCH_HELPER} was not loaded in this process (route tuner kept PyTorch out of onnxruntime.tools)")
+
+    helper.infer_input_info = infer_input_info  # type: ignore[attr-defined]
+    sys.modules[TORCH_HELPER] = helper
 

@@ -1,0 +1,141 @@
+"""How long the test suite takes, end to end, and what its processes spend starting up.
+
+1. **start-up**, side by side in one run, `--repeats` times each, alternating: the import time of
+   `onnx` with ml_dtypes 0.7.0 and with 0.6.0 (each wheel unpacked into a temporary folder ahead of
+   the venv's own), and the int8 preparation of a small CNN in a fresh process as it runs (PyTorch
+   kept out of `onnxruntime.tools`) and in a process that has imported torch first (what every
+   `tuner run` with int8 routes paid before).
+2. **suite**: the README's test command (`pytest -q -n N --dist loadgroup`, N from `--workers`, 0 =
+   one process), command start to end, with the CPU time of all its processes, the load average
+   before and after, and pytest's summary line.
+
+Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys).
+Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "results" / "test-suite.json"
+ML_DTYPES = ("0.7.0", "0.6.0")
+PREPARE = """import sys, time
+from pathlib import Path
+if sys.argv[3] == "torch-first":
+    import torch  # noqa: F401
+from tuner.backends.onnxruntime.prepare import prepare
+t0 = time.perf_counter()
+prepare(Path(sys.argv[1]), "key", Path(sys.argv[2]), lambda line: None)
+print(time.perf_counter() - t0)
+"""
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "loadavg": list(os.getloadavg())}
+
+
+def commit() -> str:
+    """The checked-out commit, marked `+dirty` when the tree has changes."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
+def _unpacked_ml_dtypes(version: str, into: Path) -> Path:
+    """ml_dtypes `version`'s wheel for this interpreter, unpacked under `into`."""
+    wheels = into / "wheels" / version
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(wheels),
+                    f"ml_dtypes=={version}"], check=True)
+    target = into / f"ml_dtypes-{version}"
+    with zipfile.ZipFile(next(wheels.glob("*.whl"))) as whl:
+        whl.extractall(target)
+    return target
+
+
+def _onnx_import_s(path_first: Path) -> float:
+    """Seconds `import onnx` takes in a fresh process with `path_first` ahead on the path (-X importtime)."""
+    run = subprocess.run([sys.executable, "-X", "importtime", "-c", "import onnx"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(path_first)})
+    last = [line for line in run.stderr.splitlines() if line.rstrip().endswith("| onnx")][-1]
+    return int(last.split("|")[1]) / 1e6
+
+
+def _prepare_s(model: Path, into: Path, mode: str) -> float:
+    """Seconds the int8 preparation of `model` takes in a fresh process (`mode`: plain or torch-first)."""
+    into.mkdir(parents=True)
+    run = subprocess.run([sys.executable, "-c", PREPARE, str(model), str(into), mode], capture_output=True, text=True, check=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return float(run.stdout.strip())
+
+
+def startup(repeats: int) -> dict[str, Any]:
+    """Import and preparation times, alternating the variants in each repeat."""
+    sys.path.insert(0, str(REPO))
+    from tests.models import conv_model
+
+    samples: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        unpacked = {v: _unpacked_ml_dtypes(v, root) for v in ML_DTYPES}
+        model = conv_model(root / "tiny.onnx")
+        for i in range(repeats):
+            for version, path in unpacked.items():
+                samples.setdefault(f"import onnx, ml_dtypes {version}", []).append(_onnx_import_s(path))
+            for mode in ("plain", "torch-first"):
+                samples.setdefault(f"int8 preparation, {mode}", []).append(_prepare_s(model, root / f"prep-{mode}-{i}", mode))
+    return {name: {"median_s": round(statistics.median(v), 3), "samples_s": [round(x, 3) for x in v]} for name, v in samples.items()}
+
+
+def suite(workers: int) -> dict[str, Any]:
+    """One run of the test command with `workers` pytest-xdist workers (0: one process)."""
+    before = machine()
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + (["-n", str(workers), "--dist", "loadgroup"] if workers else [])
+    start = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    end = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = [line for line in run.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    return {"command": " ".join(["python"] + cmd[1:]), "workers": workers, "exit": run.returncode, "wall_s": round(wall, 1),
+            "cpu_s": round((end.ru_utime - start.ru_utime) + (end.ru_stime - start.ru_stime), 1),
+            "summary": summary[-1].strip("= ") if summary else run.stdout[-500:], "before": before, "after": machine(),
+            "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[3, 0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-startup", action="store_true")
+    args = parser.parse_args()
+    doc = json.loads(OUT.read_text()) if OUT.exists() else {"runs": {}}
+    key = commit()
+    if not args.skip_startup:
+        doc["startup"] = {"commit": key, "machine": machine(), "repeats": args.repeats, "figures": startup(args.repeats)}
+        print(json.dumps(doc["startup"]["figures"], indent=1), flush=True)
+    for n in args.workers:
+        row = suite(n)
+        doc["runs"][f"{key}-workers-{n}"] = row
+        print(f"{n} workers: {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}", flush=True)
+        OUT.write_text(json.dumps(doc, indent=1) + "\n")
+    OUT.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
