@@ -3,8 +3,8 @@
 1. **start-up**, side by side in one run, `--repeats` times each, alternating: the import time of
    `onnx` with ml_dtypes 0.7.0 and with 0.6.0 (each wheel unpacked into a temporary folder ahead of
    the venv's own), and the int8 preparation of a small CNN in a fresh process as it runs (PyTorch
-   kept out of `onnxruntime.tools`) and in a process that has imported torch first (what every
-   `tuner run` with int8 routes paid before).
+   kept out of `onnxruntime.tools`) and with that step switched off, so that `onnxruntime.tools`
+   imports torch as it did before (what every `tuner run` with int8 routes paid).
 2. **suite**: the README's test command (`pytest -q -n N --dist loadgroup`, N from `--workers`, 0 =
    one process), command start to end, with the CPU time of all its processes, the load average
    before and after, and pytest's summary line.
@@ -35,12 +35,12 @@ OUT = REPO / "bench" / "results" / "test-suite.json"
 ML_DTYPES = ("0.7.0", "0.6.0")
 PREPARE = """import sys, time
 from pathlib import Path
-if sys.argv[3] == "torch-first":
-    import torch  # noqa: F401
-from tuner.backends.onnxruntime.prepare import prepare
+import tuner.backends.onnxruntime.prepare as preparation
+if sys.argv[3] == "torch-imported":
+    preparation._keep_torch_out_of_ort_tools = lambda: None  # as before: onnxruntime.tools imports torch
 t0 = time.perf_counter()
-prepare(Path(sys.argv[1]), "key", Path(sys.argv[2]), lambda line: None)
-print(time.perf_counter() - t0)
+preparation.prepare(Path(sys.argv[1]), "key", Path(sys.argv[2]), lambda line: None)
+print(time.perf_counter() - t0, "torch" in sys.modules)
 """
 
 
@@ -77,11 +77,13 @@ def _onnx_import_s(path_first: Path) -> float:
 
 
 def _prepare_s(model: Path, into: Path, mode: str) -> float:
-    """Seconds the int8 preparation of `model` takes in a fresh process (`mode`: plain or torch-first)."""
+    """Seconds the int8 preparation of `model` takes in a fresh process (`mode`: torch-kept-out or torch-imported)."""
     into.mkdir(parents=True)
     run = subprocess.run([sys.executable, "-c", PREPARE, str(model), str(into), mode], capture_output=True, text=True, check=True,
                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    return float(run.stdout.strip())
+    seconds, torch_loaded = run.stdout.split()
+    assert torch_loaded == str(mode == "torch-imported"), run.stdout  # the variant ran as named
+    return float(seconds)
 
 
 def startup(repeats: int) -> dict[str, Any]:
@@ -97,7 +99,7 @@ def startup(repeats: int) -> dict[str, Any]:
         for i in range(repeats):
             for version, path in unpacked.items():
                 samples.setdefault(f"import onnx, ml_dtypes {version}", []).append(_onnx_import_s(path))
-            for mode in ("plain", "torch-first"):
+            for mode in ("torch-kept-out", "torch-imported"):
                 samples.setdefault(f"int8 preparation, {mode}", []).append(_prepare_s(model, root / f"prep-{mode}-{i}", mode))
     return {name: {"median_s": round(statistics.median(v), 3), "samples_s": [round(x, 3) for x in v]} for name, v in samples.items()}
 
