@@ -9,7 +9,8 @@
    one process), command start to end, with the CPU time of all its processes, the load average
    before and after, and pytest's summary line.
 
-Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys).
+Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys; failed
+tests by name) and each run's output to $TMPDIR/suite-time.log-N.
 Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup]
 """
 
@@ -32,6 +33,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "test-suite.json"
+LOG = Path(tempfile.gettempdir()) / "suite-time.log"  # each run's full output, as suite-time.log-N
 ML_DTYPES = ("0.7.0", "0.6.0")
 PREPARE = """import sys, time
 from pathlib import Path
@@ -113,10 +115,13 @@ def suite(workers: int) -> dict[str, Any]:
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.monotonic() - t0
     end = resource.getrusage(resource.RUSAGE_CHILDREN)
+    LOG.with_name(f"{LOG.name}-{workers}").write_text(run.stdout + run.stderr)
     summary = [line for line in run.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     return {"command": " ".join(["python"] + cmd[1:]), "workers": workers, "exit": run.returncode, "wall_s": round(wall, 1),
             "cpu_s": round((end.ru_utime - start.ru_utime) + (end.ru_stime - start.ru_stime), 1),
-            "summary": summary[-1].strip("= ") if summary else run.stdout[-500:], "before": before, "after": machine(),
+            "summary": summary[-1].strip("= ") if summary else run.stdout[-500:],
+            "failed": [line.split()[1] for line in run.stdout.splitlines() if line.startswith("FAILED ")],
+            "before": before, "after": machine(),
             "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
