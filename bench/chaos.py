@@ -294,11 +294,10 @@ class Seed:
 
     def disk_full(self) -> dict[str, Any]:
         filler = self.disk / "filler"
-        with open(filler, "wb") as f:
+        with open(filler, "wb", buffering=0) as f:  # unbuffered: nothing left to write (and fail) on close
             try:
                 while True:
                     f.write(b"\0" * (1 << 20))
-                    f.flush()
             except OSError:
                 pass
         t = time.monotonic()
