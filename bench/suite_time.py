@@ -9,9 +9,14 @@
    one process), command start to end, with the CPU time of all its processes, the load average
    before and after, and pytest's summary line.
 
+3. **then and now** (`--against COMMIT`): that commit's own test command (one process, as its Makefile
+   ran it) in a temporary worktree of it, and today's test command on the tests that existed then
+   (the test functions of that commit still present by name), alternating `--rounds` times, so
+   both are measured close together in time on the same machine and interpreter.
+
 Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys; failed
 tests by name) and each run's output to $TMPDIR/suite-time.log-N.
-Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup]
+Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup] [--against e6d79eb --rounds 2]
 """
 
 from __future__ import annotations
@@ -106,18 +111,24 @@ def startup(repeats: int) -> dict[str, Any]:
     return {name: {"median_s": round(statistics.median(v), 3), "samples_s": [round(x, 3) for x in v]} for name, v in samples.items()}
 
 
-def suite(workers: int) -> dict[str, Any]:
-    """One run of the test command with `workers` pytest-xdist workers (0: one process)."""
+def pytest_command(workers: int) -> list[str]:
+    """The README's test command with `workers` pytest-xdist workers (0: one process)."""
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + (["-n", str(workers), "--dist", "loadgroup"] if workers else [])
+
+
+def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_name: str = "") -> dict[str, Any]:
+    """One run of the test command with `workers` workers in `cwd`, on `tests` (node ids) or on all of them."""
     before = machine()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + (["-n", str(workers), "--dist", "loadgroup"] if workers else [])
+    cmd = pytest_command(workers)
     start = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run(cmd + (tests or []), cwd=cwd, capture_output=True, text=True)
     wall = time.monotonic() - t0
     end = resource.getrusage(resource.RUSAGE_CHILDREN)
-    LOG.with_name(f"{LOG.name}-{workers}").write_text(run.stdout + run.stderr)
+    LOG.with_name(f"{LOG.name}-{log_name or workers}").write_text(run.stdout + run.stderr)
     summary = [line for line in run.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
-    return {"command": " ".join(["python"] + cmd[1:]), "workers": workers, "exit": run.returncode, "wall_s": round(wall, 1),
+    return {"command": " ".join(["python"] + cmd[1:] + ([f"<{len(tests)} node ids>"] if tests else [])), "workers": workers,
+            "exit": run.returncode, "wall_s": round(wall, 1),
             "cpu_s": round((end.ru_utime - start.ru_utime) + (end.ru_stime - start.ru_stime), 1),
             "summary": summary[-1].strip("= ") if summary else run.stdout[-500:],
             "failed": [line.split()[1] for line in run.stdout.splitlines() if line.startswith("FAILED ")],
@@ -125,14 +136,51 @@ def suite(workers: int) -> dict[str, Any]:
             "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
+def collected(cwd: Path) -> list[str]:
+    """The node ids pytest collects in `cwd`."""
+    out = subprocess.run(pytest_command(0) + ["--collect-only"], cwd=cwd, capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in out.splitlines() if "::" in line]
+
+
+def function_name(node_id: str) -> str:
+    """`tests/test_x.py::test_y[param]` -> `test_y`."""
+    return node_id.split("::")[-1].split("[")[0].split("@")[0]
+
+
+def then_and_now(old: str, rounds: int, workers: int) -> dict[str, Any]:
+    """Commit `old`'s test command against today's on the tests that existed at `old`, alternating."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "then"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), old], cwd=REPO, check=True)
+        try:
+            then_names = {function_name(n) for n in collected(tree)}
+            common = [n for n in collected(REPO) if function_name(n) in then_names]
+            runs: list[dict[str, Any]] = []
+            for i in range(rounds):
+                order = [("then", 0, None, tree), ("now", workers, common, REPO)]
+                for label, n, tests, cwd in order if i % 2 == 0 else order[::-1]:
+                    row = {"label": label, "round": i, **suite(n, tests, cwd, f"{label}-{i}")}
+                    runs.append(row)
+                    print(f"{label} (round {i}): {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=True)
+    return {"then_commit": old, "now_commit": commit(), "then_functions": len(then_names),
+            "now_functions_of_then": len({function_name(n) for n in common}), "now_tests_of_then": len(common), "runs": runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[3, 0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-startup", action="store_true")
+    parser.add_argument("--against", metavar="COMMIT", help="also time COMMIT's suite against today's on the same tests")
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     doc = json.loads(OUT.read_text()) if OUT.exists() else {"runs": {}}
     key = commit()
+    if args.against:
+        doc.setdefault("then_and_now", {})[args.against] = then_and_now(args.against, args.rounds, args.workers[0])
+        OUT.write_text(json.dumps(doc, indent=1) + "\n")
     if not args.skip_startup:
         doc["startup"] = {"commit": key, "machine": machine(), "repeats": args.repeats, "figures": startup(args.repeats)}
         print(json.dumps(doc["startup"]["figures"], indent=1), flush=True)
