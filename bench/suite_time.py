@@ -12,7 +12,8 @@
 3. **then and now** (`--against COMMIT`): that commit's own test command (one process, as its Makefile
    ran it) in a temporary worktree of it, and today's test command on the tests that existed then
    (the test functions of that commit still present by name), alternating `--rounds` times, so
-   both are measured close together in time on the same machine and interpreter.
+   both are measured close together in time on the same machine, interpreter and libraries (the old
+   tree's `migrations/` is linked as `tuner/migrations`, where its wheel installs it).
 
 Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys; failed
 tests by name) and each run's output to $TMPDIR/suite-time.log-N.
@@ -152,6 +153,10 @@ def then_and_now(old: str, rounds: int, workers: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "then"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), old], cwd=REPO, check=True)
+        # The venv's editable install maps `tuner.migrations` to today's `migrations/`; the old tree gets its own,
+        # linked where its wheel installs it, so its `tuner` finds its own migrations first.
+        if (tree / "migrations").is_dir() and not (tree / "tuner" / "migrations").exists():
+            (tree / "tuner" / "migrations").symlink_to("../migrations")
         try:
             then_names = {function_name(n) for n in collected(tree)}
             common = [n for n in collected(REPO) if function_name(n) in then_names]
