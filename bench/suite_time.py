@@ -17,7 +17,7 @@
 
 Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys; failed
 tests by name) and each run's output to $TMPDIR/suite-time.log-N.
-Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup] [--against e6d79eb --rounds 2]
+Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup] [--against e6d79eb --rounds 2 [--deselect TEST ...]]
 """
 
 from __future__ import annotations
@@ -148,8 +148,13 @@ def function_name(node_id: str) -> str:
     return node_id.split("::")[-1].split("[")[0].split("@")[0]
 
 
-def then_and_now(old: str, rounds: int, workers: int) -> dict[str, Any]:
-    """Commit `old`'s test command against today's on the tests that existed at `old`, alternating."""
+def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> dict[str, Any]:
+    """Commit `old`'s test command against today's on the tests that existed at `old`, alternating.
+
+    `deselect`: test functions left out on both sides (one that fails at `old` with today's libraries
+    would count its timeout as the suite's time).
+    """
+    now = commit()
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "then"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), old], cwd=REPO, check=True)
@@ -158,18 +163,19 @@ def then_and_now(old: str, rounds: int, workers: int) -> dict[str, Any]:
         if (tree / "migrations").is_dir() and not (tree / "tuner" / "migrations").exists():
             (tree / "tuner" / "migrations").symlink_to("../migrations")
         try:
-            then_names = {function_name(n) for n in collected(tree)}
+            then_ids = [n for n in collected(tree) if function_name(n) not in deselect]
+            then_names = {function_name(n) for n in then_ids}
             common = [n for n in collected(REPO) if function_name(n) in then_names]
             runs: list[dict[str, Any]] = []
             for i in range(rounds):
-                order = [("then", 0, None, tree), ("now", workers, common, REPO)]
+                order = [("then", 0, then_ids if deselect else None, tree), ("now", workers, common, REPO)]
                 for label, n, tests, cwd in order if i % 2 == 0 else order[::-1]:
                     row = {"label": label, "round": i, **suite(n, tests, cwd, f"{label}-{i}")}
                     runs.append(row)
                     print(f"{label} (round {i}): {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}", flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=True)
-    return {"then_commit": old, "now_commit": commit(), "then_functions": len(then_names),
+    return {"then_commit": old, "now_commit": now, "deselected": deselect, "then_functions": len(then_names),
             "now_functions_of_then": len({function_name(n) for n in common}), "now_tests_of_then": len(common), "runs": runs}
 
 
@@ -180,11 +186,13 @@ def main() -> None:
     parser.add_argument("--skip-startup", action="store_true")
     parser.add_argument("--against", metavar="COMMIT", help="also time COMMIT's suite against today's on the same tests")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--deselect", nargs="*", default=[], metavar="TEST_FUNCTION", help="with --against: left out on both sides")
     args = parser.parse_args()
     doc = json.loads(OUT.read_text()) if OUT.exists() else {"runs": {}}
     key = commit()
     if args.against:
-        doc.setdefault("then_and_now", {})[args.against] = then_and_now(args.against, args.rounds, args.workers[0])
+        name = args.against + "".join(f"-without-{t}" for t in args.deselect)
+        doc.setdefault("then_and_now", {})[name] = then_and_now(args.against, args.rounds, args.workers[0], args.deselect)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
     if not args.skip_startup:
         doc["startup"] = {"commit": key, "machine": machine(), "repeats": args.repeats, "figures": startup(args.repeats)}

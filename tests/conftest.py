@@ -62,6 +62,22 @@ def private_timing_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 
 
 @pytest.fixture
+def own_timing_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Timing locks of this test alone, as if its study ran on a host of its own.
+
+    For tests that freeze or cut off lock holders on purpose (a SIGSTOPped worker, a database outage
+    while a worker records): with the run's shared locks such a holder would hold up the trials of
+    every test beside it, and theirs would hold up this test's protocol.
+    """
+    from tuner.measure.exclusive import LOCK_DIR_ENV
+
+    directory = tmp_path / "timing-locks"
+    directory.mkdir()
+    monkeypatch.setenv(LOCK_DIR_ENV, str(directory))
+    return directory
+
+
+@pytest.fixture
 def pg_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The PostgreSQL cluster for one test: shared with the tests beside it (pytest-xdist), or the test's alone
     if it is marked `restarts_postgres` (it waits until no other test uses the cluster, and they wait for it)."""

@@ -19,7 +19,7 @@ SHORT = ("kill_worker", "kill_child", "stop_worker", "pg_restart", "outage", "di
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (PG_BIN / "initdb").exists() or not shutil.which("runuser"), reason="needs initdb and runuser")
-def test_a_short_chaos_run_loses_nothing() -> None:
+def test_a_short_chaos_run_loses_nothing(own_timing_locks: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="chaos-test-") as d:  # pytest's tmp_path is not reachable for user postgres
         root = Path(d)
         root.chmod(0o755)

@@ -51,7 +51,7 @@ def _wait_for_final_result(path: Path, limit_s: float = 120) -> None:
         time.sleep(0.05)
 
 
-def test_an_outage_longer_than_the_grace_period_loses_nothing(write_spec, pg_url, tmp_path: Path) -> None:
+def test_an_outage_longer_than_the_grace_period_loses_nothing(write_spec, pg_url, tmp_path: Path, own_timing_locks: Path) -> None:
     proxy = TcpProxy(int(re.search(r":(\d+)/", pg_url).group(1)))
     proxy.start()
     url = _through(proxy, pg_url)
