@@ -168,7 +168,7 @@ def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> di
             common = [n for n in collected(REPO) if function_name(n) in then_names]
             runs: list[dict[str, Any]] = []
             for i in range(rounds):
-                order = [("then", 0, then_ids if deselect else None, tree), ("now", workers, common, REPO)]
+                order = [("then", 0, then_ids, tree), ("now", workers, common, REPO)]
                 for label, n, tests, cwd in order if i % 2 == 0 else order[::-1]:
                     row = {"label": label, "round": i, **suite(n, tests, cwd, f"{label}-{i}")}
                     runs.append(row)
