@@ -5,9 +5,11 @@ and example inputs, with weights drawn from a fixed seed so every process builds
 `export(path)` writes the same network as ONNX (legacy TorchScript exporter, opset 17): the study's
 model file, from which the tuner takes input shapes and computes the fp32 reference with ONNX Runtime.
 Token ids in, last hidden state out: embedding + learned positions, pre-norm blocks of multi-head
-self-attention (scaled_dot_product_attention) and a GELU MLP, final LayerNorm.
+self-attention (scaled_dot_product_attention) and a GELU MLP, final LayerNorm. `build_pooled()` is the
+same network as a sentence-embedding model: the hidden states mean-pooled over tokens and L2-normalised
+(`embedding` [BATCH, HIDDEN]), whose small outputs a recorded landscape can keep for every route.
 
-Usage: python -m bench.gpu.encoder OUT.onnx
+Usage: python -m bench.gpu.encoder OUT.onnx [--pooled]
 """
 
 from __future__ import annotations
@@ -57,10 +59,17 @@ class Encoder(nn.Module):
         return self.norm(x)
 
 
-def build() -> tuple[nn.Module, tuple[torch.Tensor]]:
+class PooledEncoder(Encoder):
+    """Token ids [BATCH, SEQ] -> L2-normalised mean of the hidden states [BATCH, HIDDEN]."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.normalize(super().forward(input_ids).mean(dim=1), dim=-1)
+
+
+def build(pooled: bool = False) -> tuple[nn.Module, tuple[torch.Tensor]]:
     """The encoder with seeded weights (identical in every process) and example token ids."""
     gen = torch.Generator().manual_seed(SEED)
-    model = Encoder()
+    model = PooledEncoder() if pooled else Encoder()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
@@ -71,13 +80,19 @@ def build() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return model.eval(), (ids,)
 
 
-def export(path: Path) -> Path:
-    """Write the encoder as ONNX (input `input_ids` int64 [BATCH, SEQ], output `hidden`)."""
-    model, example = build()
+def build_pooled() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """The sentence-embedding encoder (`PooledEncoder`), same weights as `build()`."""
+    return build(pooled=True)
+
+
+def export(path: Path, pooled: bool = False) -> Path:
+    """Write the encoder as ONNX (input `input_ids` int64 [BATCH, SEQ], output `hidden`, or `embedding` pooled)."""
+    model, example = build(pooled)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(model, example, str(path), input_names=["input_ids"], output_names=["hidden"], opset_version=17, dynamo=False)
+    output = "embedding" if pooled else "hidden"
+    torch.onnx.export(model, example, str(path), input_names=["input_ids"], output_names=[output], opset_version=17, dynamo=False)
     return path
 
 
 if __name__ == "__main__":
-    print(export(Path(sys.argv[1])))
+    print(export(Path(sys.argv[1]), pooled="--pooled" in sys.argv[2:]))
