@@ -389,7 +389,7 @@ TABLE = (("faults injected", "faults_injected"), ("trials lost", "trials_lost"),
 
 
 def table(doc: dict[str, Any]) -> str:
-    """The README table: one column per seed."""
+    """The docs/benchmarks.md table: one column per seed."""
     seeds = doc["seeds"]
     head = "| | " + " | ".join(f"seed {s['seed']} ({s['outage_s']:g} s outage)" for s in seeds) + " |"
     rows = [head, "|---" * (len(seeds) + 1) + "|"]
@@ -400,9 +400,9 @@ def table(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--table", action="store_true", help="only print the README table of the results file")
+    p.add_argument("--table", action="store_true", help="only print the docs/benchmarks.md table of the results file")
     p.add_argument("--seed", type=int)
-    p.add_argument("--outage-s", type=float, default=360.0, help="the long outage (the issue asks 6 minutes: past the old 5-minute window)")
+    p.add_argument("--outage-s", type=float, default=360.0, help="the long outage (6 minutes: past the old 5-minute retry window)")
     p.add_argument("--budget", type=int, default=60)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--build-s", type=float, default=2.0)

@@ -44,7 +44,7 @@ from tuner.study.setup import Context  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "expert-sweep.json"
 OLIVE = {"tool": "Microsoft Olive 0.13", "speedup": 1.80, "model": "efficientnet_lite0.onnx", "top1_unchanged": "16/16",
-         "source": "issue 13: measured side by side on a 2-core AMD EPYC with AVX-512 VNNI (not this machine); "
+         "source": "measured side by side on a 2-core AMD EPYC with AVX-512 VNNI (not this machine); "
                    "35 steps (TPE over static-quantization knobs + session tuning) in 2 min 47 s; not re-run here"}
 
 
@@ -148,7 +148,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--storage", default=None, help="default: a SQLite file beside the study's work dir")
-    p.add_argument("--table", action="store_true", help="only print the README table of the recorded results")
+    p.add_argument("--table", action="store_true", help="only print the docs/benchmarks.md table of the recorded results")
     p.add_argument("--no-run", action="store_true", help="read the study as it is (its verdict, confirmed or not); run no trial")
     args = p.parse_args()
     if args.table:
@@ -224,7 +224,7 @@ def main() -> None:
 
 
 def table(doc: dict[str, Any]) -> str:
-    """The README table: every study's recipes, speedup over the default with its interval, accuracy."""
+    """The docs/benchmarks.md table: every study's recipes, speedup over the default with its interval, accuracy."""
     lines = ["| model | recipe | median ms | speedup vs default (95% CI) | accuracy (metric ≤ tolerance) |", "|---|---|---|---|---|"]
     for r in doc["studies"].values():
         for row in r["recipes"]:

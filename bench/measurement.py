@@ -221,7 +221,7 @@ def _s(v: Any) -> str:
 
 
 def table(doc: dict[str, Any]) -> str:
-    """The README's Markdown table of the document's figures."""
+    """The Markdown table of the document's figures, for docs/benchmarks.md."""
     lines = ["| run | study speedup (best) | side by side (confirmation) | study / side by side | winner's between-round CV | "
              "timing per trial (median) | lock wait, warm-up + measuring (median) | timing share of trial wall | load average (1 min) during trials |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -256,7 +256,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--tag", default="", help="suffix of the configurations' keys (e.g. r2: a repetition kept beside the first)")
     p.add_argument("--h200", type=Path, default=None, help="fold this H200 agreement run into the document and stop")
-    p.add_argument("--table", action="store_true", help="print the README table of --out and stop")
+    p.add_argument("--table", action="store_true", help="print the docs/benchmarks.md table of --out and stop")
     args = p.parse_args()
     if args.table:
         print(table(json.loads(args.out.read_text())))

@@ -5,7 +5,7 @@
    the venv's own), and the int8 preparation of a small CNN in a fresh process as it runs (PyTorch
    kept out of `onnxruntime.tools`) and with that step switched off, so that `onnxruntime.tools`
    imports torch as it did before (what every `tuner run` with int8 routes paid).
-2. **suite**: the README's test command (`pytest -q -n N --dist loadgroup`, N from `--workers`, 0 =
+2. **suite**: the documented test command (`make test`) (`pytest -q -n N --dist loadgroup`, N from `--workers`, 0 =
    one process), command start to end, with the CPU time of all its processes, the load average
    before and after, and pytest's summary line.
 
@@ -113,7 +113,7 @@ def startup(repeats: int) -> dict[str, Any]:
 
 
 def pytest_command(workers: int) -> list[str]:
-    """The README's test command with `workers` pytest-xdist workers (0: one process)."""
+    """The documented test command with `workers` pytest-xdist workers (0: one process)."""
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + (["-n", str(workers), "--dist", "loadgroup"] if workers else [])
 
 

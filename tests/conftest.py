@@ -28,7 +28,7 @@ def _admin() -> Any:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that read the session's recorded landscape run in one pytest-xdist worker (it is recorded once there)."""
+    """Tests that read the test run's recorded landscape run in one pytest-xdist worker (it is recorded once there)."""
     for item in items:
         if "recorded" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("recorded"))

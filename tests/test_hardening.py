@@ -1,4 +1,4 @@
-"""Hardening of workers and children (issue 12): no password on a command line, environment errors
+"""Hardening of workers and children: no password on a command line, environment errors
 retried and never cached, no orphaned children, signals at awkward moments, artifacts checked.
 
 Real processes, real signals, a real full disk (tmpfs) and real PostgreSQL; every wait is for an
@@ -185,7 +185,7 @@ def test_the_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec, pg_url, 
         wait_for_file(markers / "orphan-0", proc)
         child, worker = map(int, (markers / "orphan-0").read_text().split())
         os.kill(worker, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0  # the issue's bound
+        deadline = time.monotonic() + 5.0  # "gone at once" (docs/durability.md), with room to spare
         while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not alive(child), "the child outlived its SIGKILLed worker by 5 s"

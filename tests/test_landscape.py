@@ -97,7 +97,7 @@ def test_recorded_outputs_reproduce_the_childs_own_accuracy(recorded) -> None:
 def test_tests_of_the_recorded_landscape_share_one_worker(recorded, request: pytest.FixtureRequest) -> None:
     """Under `make test` (pytest-xdist, --dist loadgroup) they carry their group, so the landscape is recorded once per run.
 
-    pytest 9.2 silently dropped the group (pytest-xdist issue 1386), hence pytest < 9.2 in the dev extra.
+    pytest 9.2 silently dropped the group (a known pytest-xdist bug, #1386 in its tracker), hence pytest < 9.2 in the dev extra.
     """
     if request.config.getoption("dist", "no") == "no" and not request.config.getoption("loadgroup", False):
         pytest.skip("not run by pytest-xdist with --dist loadgroup")

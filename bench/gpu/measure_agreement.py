@@ -7,7 +7,7 @@ One device call (bench/gpu/run_study.sh installs the wheels; this driver replace
 2. `tuner run SPEC --gpus 0 --trials N --no-confirm` with racing off (device time is scarce);
 3. the trials (paired speedup, interval, stopping reason, timing facts, baseline reload cost);
 4. `inductor_study.side_by_side`: default and winner compiled again in one process (warm cache),
-   timed in interleaved rounds (the method of the issue's 4.28x reference), and once more paired
+   timed in interleaved rounds (the method of the earlier 4.28x reference measurement), and once more paired
    (ABBA, the trial's own method), with each engine's block-level drift beside the per-cycle ratios.
 
 `agreement` = the study's paired speedup of the winner / the side-by-side median speedup.

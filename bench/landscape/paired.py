@@ -1,6 +1,6 @@
 """Our measurement, replayed: paired trial timing with adaptive stopping, racing of close leaders, early pruning.
 
-The rules mirror `tuner.measure.paired` (issue 11): a trial times the candidate and the study's
+The rules mirror `tuner.measure.paired`: a trial times the candidate and the study's
 baseline alternately in one process, in ABBA cycles of blocks lasting about `block_s` each; a cycle
 gives one log ratio (the mean of its two candidate blocks' log medians minus its two baseline
 blocks'). After at least `min_cycles` cycles it stops as soon as one holds: `slow` (the interval lies
