@@ -32,6 +32,7 @@ from tuner.backends.base import Artifact, BuildContext, BuildError, ModelInfo
 from tuner.measure.gpu_timing import GpuTimingError
 from tuner.measure.inputs import save_feeds
 from tuner.measure.reference import compute_reference
+from tuner.objective import ObjectiveSpec
 from tuner.store.urls import normalize_url
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
@@ -180,7 +181,8 @@ def test_unknown_switch_fails_the_trial_with_its_class(tmp_path: Path, mlp: tupl
         backend="inductor", route={"mode": "default", "precision": "fp32"}, model_path=str(model), input_shapes={"x": list(SHAPE)},
         options={"device": "cpu", "inductor_config": {"no_such_switch": True}}, work_dir=str(tmp_path / "work"),
         out_dir=str(tmp_path / "out"), feeds_path=str(feeds_path), reference_path=str(ref_path), metric="max_abs",
-        tolerance=1e-3, atol=1e-3, rtol=1e-3, gate_samples=1, warmup_s=0.0, min_repeats=2, min_duration_s=0.0, timeout_s=120,
+        tolerance=1e-3, atol=1e-3, rtol=1e-3, gate_samples=1, timeout_s=120,
+        objective=ObjectiveSpec(warmup_s=0.0, min_repeats=2, min_duration_s=0.0),
     )
     result = run_isolated(job, tmp_path / "trial")
     assert result.status == "unknown-switch"

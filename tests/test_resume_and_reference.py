@@ -12,7 +12,7 @@ from tests.conftest import tuner
 from tests.models import endless_loop_model, unknown_op_model
 from tuner.store.urls import normalize_url
 
-NEW_FIELDS = ("atol", "rtol", "gate_samples", "timing", "work_dir")
+NEW_FIELDS = ("atol", "rtol", "gate_samples", "work_dir")
 
 
 def _fingerprint(url: str) -> dict:
@@ -25,19 +25,24 @@ def _fingerprint(url: str) -> dict:
 
 def test_a_study_from_before_the_new_fingerprint_fields_resumes_then_they_are_checked(write_spec, pg_url) -> None:
     assert tuner("run", str(write_spec(**{"run.budget": 1})), "--no-confirm", "--storage", pg_url).returncode == 0
-    old = {k: v for k, v in _fingerprint(pg_url).items() if k not in NEW_FIELDS}  # as an older route-tuner stored it
+    old = {k: v for k, v in _fingerprint(pg_url).items() if k not in NEW_FIELDS}  # as an older route-tuner stored it:
+    old["timing"] = {k: old["objective"][k] for k in ("warmup_s", "min_repeats", "min_duration_s")}  # three settings apart,
+    old["objective"] = old["objective"]["statistic"]  # the statistic alone
     engine = create_engine(normalize_url(pg_url))
     with engine.begin() as conn:
         conn.execute(text("UPDATE tuner_studies SET fingerprint = :f"), {"f": json.dumps(old)})
     engine.dispose()
     resumed = tuner("run", str(write_spec(**{"run.budget": 2})), "--no-confirm", "--storage", pg_url)
     assert resumed.returncode == 0, resumed.stderr  # unknown fields are accepted ...
-    assert set(NEW_FIELDS) <= set(_fingerprint(pg_url))  # ... and recorded from then on
-    changed = write_spec(**{"run.budget": 3, "data.gate_samples": 3, "objective.min_repeats": 7})
+    stored = _fingerprint(pg_url)
+    assert set(NEW_FIELDS) <= set(stored) and "timing" not in stored  # ... and recorded from then on, in today's form
+    assert {"mode", "block_s", "timing_cap_s", "target_halfwidth"} <= set(stored["objective"])
+    changed = write_spec(**{"run.budget": 3, "data.gate_samples": 3, "objective.min_repeats": 7, "objective.block_s": 0.004})
     refused = tuner("run", str(changed), "--no-confirm", "--storage", pg_url)
     assert refused.returncode == 2
     err = refused.stderr.strip()
-    assert len(err.splitlines()) == 1 and "gate_samples: study has 2, file has 3" in err and "min_repeats" in err
+    assert len(err.splitlines()) == 1 and "gate_samples: study has 2, file has 3" in err
+    assert "objective.min_repeats: study has 5, file has 7" in err and "objective.block_s: study has 0.002, file has 0.004" in err
 
 
 def test_one_study_file_against_two_storages_keeps_its_trial_folders_apart(write_spec, pg_url, sqlite_url, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from tuner.backends import get_backend
 from tuner.backends.base import Feed, ModelInfo, Runner
 from tuner.measure.inputs import save_feeds
 from tuner.measure.reference import compute_reference
+from tuner.objective import ObjectiveSpec
 from tuner.worker.child import run_job
 
 
@@ -61,8 +62,8 @@ def _job(tmp_path: Path, model: Path, tolerance: float, options: dict[str, Any])
     return J.Job(backend="tests.backends:ClosingBackend", route=route, model_path=str(model), input_shapes={"x": [1, 3, 16, 16]},
                  options=options, work_dir=str(tmp_path / "work"), out_dir=str(tmp_path / "out"),
                  feeds_path=str(tmp_path / "feeds.npz"), reference_path=str(tmp_path / "ref.npz"), metric="cosine",
-                 tolerance=tolerance, atol=1e-3, rtol=1e-3, gate_samples=1, warmup_s=0.0, min_repeats=2, min_duration_s=0.0,
-                 timeout_s=60)
+                 tolerance=tolerance, atol=1e-3, rtol=1e-3, gate_samples=1, timeout_s=60,
+                 objective=ObjectiveSpec(warmup_s=0.0, min_repeats=2, min_duration_s=0.0))
 
 
 @pytest.mark.parametrize(("tolerance", "options", "status"), [

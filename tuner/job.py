@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.objective import ObjectiveSpec
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -93,16 +95,9 @@ class Job:
     atol: float
     rtol: float
     gate_samples: int
-    warmup_s: float
-    min_repeats: int
-    min_duration_s: float | None  # None: the device's default (tuner.worker.timing)
     timeout_s: float
-    # Paired timing (tuner.measure.paired, tuner.worker.timing).
-    statistic: str = "median"
-    mode: str = "per-call"
-    target_halfwidth: float = 0.02
-    timing_cap_s: float | None = None
-    block_s: float | None = None
+    # How it is timed: the study's [objective] settings (tuner.objective; None: the device's default).
+    objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     role: str = "candidate"  # "baseline": the study's default route, measured alone (its speedup is 1)
     baseline: dict[str, Any] | None = None  # the baseline engine to pair with: {"trial", "path", "sha256", "route"}
     baseline_gate: str | None = None  # no baseline yet: wait on this gate for it (tuner.worker.timing.BaselineGate)
@@ -118,7 +113,8 @@ class Job:
     @classmethod
     def read(cls, path: Path) -> Job:
         """Load from JSON."""
-        return cls(**json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        return cls(**{**data, "objective": ObjectiveSpec.from_plain(data["objective"])})
 
 
 @dataclass

@@ -315,10 +315,8 @@ def paired_in_process(winner: Any, default: Any, feed: Any, objective: Any) -> d
     from tuner.worker.timing import block_fn, policy_for
 
     job = J.Job(backend="", route={}, model_path="", input_shapes={}, options={}, work_dir="", out_dir="", feeds_path="", reference_path="",
-                metric="", tolerance=0.0, atol=0.0, rtol=0.0, gate_samples=0, warmup_s=objective.warmup_s, min_repeats=objective.min_repeats,
-                min_duration_s=objective.min_duration_s, timeout_s=0.0, statistic=objective.statistic, mode=objective.mode,
-                target_halfwidth=objective.target_halfwidth, timing_cap_s=objective.timing_cap_s, block_s=objective.block_s)
-    r = measure_paired(block_fn(winner, feed, job.mode), block_fn(default, feed, job.mode), policy_for(job, gpu=True))
+                metric="", tolerance=0.0, atol=0.0, rtol=0.0, gate_samples=0, timeout_s=0.0, objective=objective)
+    r = measure_paired(block_fn(winner, feed, objective.mode), block_fn(default, feed, objective.mode), policy_for(job, gpu=True))
 
     def spread(values: list[float]) -> dict[str, float]:
         return {"min": min(values), "max": max(values), "cv": statistics.pstdev(values) / statistics.fmean(values)}

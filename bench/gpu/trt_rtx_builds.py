@@ -38,6 +38,7 @@ from tuner.backends.tensorrt.space import trt_space  # noqa: E402
 from tuner.backends.tensorrt.version import load_trt  # noqa: E402
 from tuner.measure.inputs import save_feeds  # noqa: E402
 from tuner.measure.reference import compute_reference  # noqa: E402
+from tuner.objective import ObjectiveSpec  # noqa: E402
 from tuner.space import SearchSpace  # noqa: E402
 from tuner import job as J  # noqa: E402
 from tuner.worker.isolate import run_isolated  # noqa: E402
@@ -86,8 +87,8 @@ def make_job(model: Path, shapes: dict[str, tuple[int, ...]], route: dict[str, A
     return J.Job(
         backend="tensorrt", route=route, model_path=str(model), input_shapes={k: list(v) for k, v in shapes.items()},
         options={}, work_dir=str(work), out_dir=str(work / "out"), feeds_path=str(feeds), reference_path=str(reference),
-        metric="cosine", tolerance=0.01, atol=1e-3, rtol=1e-3, gate_samples=1, warmup_s=0.05, min_repeats=5,
-        min_duration_s=0.05, timeout_s=180.0,
+        metric="cosine", tolerance=0.01, atol=1e-3, rtol=1e-3, gate_samples=1, timeout_s=180.0,
+        objective=ObjectiveSpec(warmup_s=0.05, min_repeats=5, min_duration_s=0.05),
     )
 
 

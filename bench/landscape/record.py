@@ -36,6 +36,7 @@ from tuner.backends.replay.landscape import Landscape, Outputs, Point, Round, fe
 from tuner.errors import TunerError
 from tuner.measure.inputs import read_feeds, save_feeds
 from tuner.measure.reference import load_reference
+from tuner.objective import fingerprint_part
 from tuner.spec import load_spec
 from tuner.space import Route, route_hash
 from tuner.study.setup import Context
@@ -128,7 +129,7 @@ class Recorder:
     def _header(self) -> dict[str, Any]:
         c = self.ctx
         return {"model": c.model_sha, "data": c.data_sha, "space": c.space.fingerprint(), "routes": len(self.routes),
-                "metric": c.spec.accuracy.metric, "timing": _timing(c)}
+                "metric": c.spec.accuracy.metric, "timing": fingerprint_part(c.spec.objective)}
 
     def _check_journal(self) -> None:
         header = self._header()
@@ -188,7 +189,7 @@ class Recorder:
             "model": {"file": spec.model.path.name, "sha256": c.model_sha, "inputs": {k: list(v) for k, v in spec.model.inputs.items()}},
             "data": {"sha256": c.data_sha, "samples": spec.data.samples, "gate_samples": spec.data.gate_samples},
             "accuracy": {"metric": spec.accuracy.metric, "tolerance": spec.accuracy.tolerance, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol},
-            "objective": {"statistic": spec.objective.statistic, **_timing(c)},
+            "objective": fingerprint_part(spec.objective),
             "space": [{"name": p.name, "choices": list(p.choices), "default": p.default} for p in c.space.params],
             "enumeration": {
                 "space_routes": self.total, "recorded_routes": len(self.routes), "subset_seed": self.seed if len(self.routes) < self.total else None,
@@ -211,11 +212,6 @@ def _contention(done: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
 
 def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-def _timing(ctx: Context) -> dict[str, Any]:
-    o = ctx.spec.objective
-    return {"warmup_s": o.warmup_s, "min_repeats": o.min_repeats, "min_duration_s": o.min_duration_s}
 
 
 def _ordered(captured: dict[str, Outputs], feeds: list[str]) -> list[Outputs]:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import SpecError, TunerError
+from tuner.objective import settings as objective_settings
+from tuner.objective import value_type
 from tuner.spec.model import DEFAULT_STARTUP_TRIALS, AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
 from tuner.store.urls import normalize_url
 
@@ -25,7 +27,7 @@ _SECTIONS: dict[str, set[str]] = {
     "model": {"path", "inputs"},
     "data": {"file", "seed", "samples", "gate_samples", "low", "high", "inputs"},
     "accuracy": {"metric", "tolerance", "atol", "rtol"},
-    "objective": {"statistic", "warmup_s", "min_repeats", "min_duration_s", "mode", "target_halfwidth", "timing_cap_s", "block_s"},
+    "objective": {name for name, _, _ in objective_settings()},
     "backend": {"name", "space", "options"},
     "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials", "racing",
             "keep_best", "max_disk_mb"},
@@ -267,27 +269,30 @@ def _accuracy(r: _Reader) -> AccuracySpec:
 
 
 def _objective(r: _Reader) -> ObjectiveSpec:
-    from tuner.measure.paired import MODES
-    from tuner.measure.timing import STATISTICS
-
+    """[objective]: every declared setting (`tuner.objective`), checked against its declaration; absent ones at their default."""
     t = r.table("objective", required=False)
-    statistic = r.get(t, "objective", "statistic", str, "median")
-    if statistic not in STATISTICS:
-        raise r.fail("objective.statistic", f"expected one of {', '.join(STATISTICS)}, got {statistic!r}")
-    mode = r.get(t, "objective", "mode", str, "per-call")
-    if mode not in MODES:
-        raise r.fail("objective.mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
-    target = r.number(t, "objective", "target_halfwidth", 0.02, strict=True)
-    if target >= 1.0:
-        raise r.fail("objective.target_halfwidth", f"expected a relative half-width below 1 (0.02 is ±2 %), got {target:g}")
-    device_default = {key: r.number(t, "objective", key, strict=strict) if key in t else None  # None: the device's default
-                      for key, strict in (("min_duration_s", False), ("timing_cap_s", True), ("block_s", True))}
-    return ObjectiveSpec(
-        statistic,
-        r.number(t, "objective", "warmup_s", 0.2),
-        r.count(t, "objective", "min_repeats", 20),
-        mode=mode, target_halfwidth=target, **device_default,
-    )
+    values = {}
+    for name, default, s in objective_settings():
+        if name in t:
+            values[name] = _setting(r, t, name, default, s)
+    return ObjectiveSpec(**values)
+
+
+def _setting(r: _Reader, t: dict[str, Any], name: str, default: Any, s: Any) -> Any:
+    """One declared [objective] setting: a string among its choices, an integer or a number within its bounds."""
+    field = f"objective.{name}"
+    kind = value_type(name)
+    if s.choices:
+        value = r.get(t, "objective", name, str)
+        if value not in s.choices:
+            raise r.fail(field, f"expected one of {', '.join(s.choices)}, got {value!r}")
+        return value
+    if kind is int:
+        return r.count(t, "objective", name, minimum=int(s.minimum or 0))
+    value = r.number(t, "objective", name, minimum=s.minimum or 0.0, strict=s.strict)
+    if s.below is not None and value >= s.below:
+        raise r.fail(field, f"expected {s.bound_hint or f'a number below {s.below:g}'}, got {value:g}")
+    return value
 
 
 def _backend(r: _Reader) -> BackendSpec:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.objective import ObjectiveSpec
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -56,24 +58,6 @@ class AccuracySpec:
     tolerance: float
     atol: float = 1e-3
     rtol: float = 1e-3
-
-
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    """Which latency statistic to minimise and how to measure it (see `tuner.measure.paired`).
-
-    `None` means the device's default, chosen in the trial's child (`tuner.worker.timing`):
-    CPU and GPU differ (GPU defaults are close to trtexec's: seconds of measurement).
-    """
-
-    statistic: str = "median"
-    warmup_s: float = 0.2  # the least warm-up per engine; it goes on until block statistics agree
-    min_repeats: int = 20  # the fewest timed calls per engine
-    min_duration_s: float | None = None  # the least measuring time (paired: both engines together)
-    mode: str = "per-call"  # "per-call" latency, or "pipelined": back-to-back calls, mean per call
-    target_halfwidth: float = 0.02  # stop when the speedup interval is within about ±this
-    timing_cap_s: float | None = None  # the most a trial's timing may take (the minimum cycles always run)
-    block_s: float | None = None  # the length of one timing block
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from tuner.store.db import check_reachable, get_engine, schema_lock, study_lock,
 from tuner.store.models import StudyRecord
 from tuner.store.readonly import has_optuna_schema
 from tuner.store.urls import mask_credentials, mask_url
-from tuner.study.fingerprint import differences, study_fingerprint
+from tuner.study.fingerprint import completed, differences, study_fingerprint
 from tuner.study.optuna_adapter import open_storage
 
 METRIC_NAMES = ["latency_ms"]
@@ -143,8 +143,8 @@ def prepare(ctx: Context) -> optuna.Study:
                         f"study {ctx.spec.study!r} in {mask_url(ctx.url)} was created from an incompatible study file: "
                         f"{'; '.join(diff)}. To start a new study instead, change [study] name in {ctx.spec.path.name}"
                     )
-                if set(fingerprint) - set(record.fingerprint):  # created by an older route-tuner: record what it lacked
-                    record.fingerprint = {**fingerprint, **record.fingerprint}
+                if completed(record.fingerprint, fingerprint) != record.fingerprint:  # an older route-tuner's: record what it lacked
+                    record.fingerprint = completed(record.fingerprint, fingerprint)
             else:
                 s.add(StudyRecord(name=ctx.spec.study, uid=uuid.uuid4().hex, fingerprint=fingerprint,
                                   spec_text=mask_credentials(ctx.spec.path.read_text(), ctx.url), created_at=time.time()))

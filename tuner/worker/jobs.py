@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner import job as J
+from tuner.objective import cache_part
+from tuner.spec import Spec
 from tuner.study.setup import Context
 
 
@@ -19,6 +21,12 @@ def measurement_stats(result: J.Result) -> dict[str, Any]:
     return {"paired": {k: p[k] for k in ("paired", "speedup", "ci", "stop", "cycles", "log_ratios", "baseline_latency") if k in p}} if p else {}
 
 
+def measure_settings(spec: Spec) -> dict[str, Any]:
+    """What a trial's stored result depends on besides the model, data, backend and route (part of its cache key)."""
+    return {"metric": spec.accuracy.metric, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol,
+            "gate": spec.data.gate_samples, "timing": cache_part(spec.objective)}
+
+
 def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any) -> J.Job:
     """The child's job for building and measuring `route` of the study `ctx`.
 
@@ -26,15 +34,12 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
     without it the route is timed alone.
     """
     spec = ctx.spec
-    o = spec.objective
     return J.Job(
         backend=spec.backend.name, route=route, model_path=str(spec.model.path),
         input_shapes={k: list(v) for k, v in spec.model.inputs.items()}, options=spec.backend.options,
         work_dir=str(ctx.work_dir), out_dir=str(out_dir), feeds_path=str(ctx.feeds_path),
         reference_path=str(ctx.reference_path), metric=spec.accuracy.metric, tolerance=spec.accuracy.tolerance,
         atol=spec.accuracy.atol, rtol=spec.accuracy.rtol, gate_samples=spec.data.gate_samples,
-        warmup_s=spec.objective.warmup_s, min_repeats=spec.objective.min_repeats,
-        min_duration_s=spec.objective.min_duration_s, timeout_s=spec.run.trial_timeout_s,
-        statistic=o.statistic, mode=o.mode, target_halfwidth=o.target_halfwidth, timing_cap_s=o.timing_cap_s, block_s=o.block_s,
+        timeout_s=spec.run.trial_timeout_s, objective=spec.objective,
         build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options), **pairing,
     )

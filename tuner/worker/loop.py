@@ -39,7 +39,7 @@ from tuner.study.setup import Context
 from tuner import job as J
 from tuner.worker.environment import environment_fault
 from tuner.worker.isolate import ChildHandle, run_isolated
-from tuner.worker.jobs import make_job, measurement_stats
+from tuner.worker.jobs import make_job, measure_settings, measurement_stats
 from tuner.worker.race import Racer
 from tuner.worker.timing import BaselineGate
 
@@ -272,9 +272,7 @@ class Worker:
         key = cache_key(
             model_sha=self.ctx.model_sha, shapes={k: list(v) for k, v in spec.model.inputs.items()}, data_sha=self.ctx.data_sha,
             backend=self.ctx.backend.name, backend_version=self.ctx.backend.version(), environment_id=self.env_id,
-            route=route, options=spec.backend.options,
-            measure={"metric": spec.accuracy.metric, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol,
-                     "gate": spec.data.gate_samples, "timing": timing_settings(spec)},
+            route=route, options=spec.backend.options, measure=measure_settings(spec),
         )
         extra: dict[str, Any] = {"cache_key": key[:16], "cache_hit": False}
         reason = self.ctx.space.check(route)
@@ -401,12 +399,6 @@ class Worker:
 def _route_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The route a trial ran (or was enqueued to run, if it died before sampling)."""
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
-
-
-def timing_settings(spec: Any) -> list[Any]:
-    """The [objective] settings a timing depends on (part of every cache key)."""
-    o = spec.objective
-    return [o.warmup_s, o.min_repeats, o.min_duration_s, o.mode, o.target_halfwidth, o.timing_cap_s, o.block_s]
 
 
 def _finite_or_none(v: float | None) -> float | None:

@@ -13,8 +13,8 @@
 2. **The timing.** The device lock is taken exclusive (`tuner.measure.exclusive`); the load average
    is read before and after, and on a GPU the SM/memory clocks before and after every attempt; then
    `tuner.measure.paired.measure_paired` runs with the job's policy, unset fields taking the
-   device's defaults (`CPU_DEFAULTS`, `GPU_DEFAULTS`; the GPU's are close to trtexec's: at least
-   200 ms warm-up and 3 s of measurement). The baseline trial itself is measured alone.
+   device's defaults (declared with each setting in `tuner.objective`; the GPU's are close to
+   trtexec's: at least 200 ms warm-up and 3 s of measurement). The baseline trial itself is measured alone.
 3. **The result.** `samples_ms`/`latency` are the candidate's per-call samples as before;
    `Result.paired` holds the summary (`tuner.measure.paired.PairedResult.summary`) plus
    `baseline_latency` (the baseline's statistics in this trial), `log_ratios` (one per ABBA cycle,
@@ -37,13 +37,12 @@ from typing import Any
 from tuner import job as J
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, Runner
 from tuner.files import atomic_write
+from tuner.objective import CPU, GPU
 from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
 from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
 from tuner.measure.timing import TimingPolicy, measure, summarize
 
 GPU_CLOCKS = ("cuda-event", "cuda-events")
-CPU_DEFAULTS = {"min_duration_s": 0.5, "timing_cap_s": 10.0, "block_s": 0.05}
-GPU_DEFAULTS = {"min_duration_s": 3.0, "timing_cap_s": 20.0, "block_s": 0.05}
 MIN_BLOCK_CALLS = 3  # a block's median of at least 3 calls: one disturbed call does not move it
 
 
@@ -75,16 +74,11 @@ class BaselineGate:
 
 
 def policy_for(job: J.Job, gpu: bool) -> PairedPolicy:
-    """The job's paired-timing policy, unset fields from the device's defaults."""
-    defaults = GPU_DEFAULTS if gpu else CPU_DEFAULTS
-
-    def pick(key: str) -> float:
-        value = getattr(job, key)
-        return float(defaults[key] if value is None else value)
-
-    return PairedPolicy(statistic=job.statistic, mode=job.mode, target=job.target_halfwidth, min_duration_s=pick("min_duration_s"),
-                        min_calls=job.min_repeats, cap_s=pick("timing_cap_s"), block_s=pick("block_s"), warmup_min_s=job.warmup_s,
-                        min_block_calls=1 if job.mode == PIPELINED else MIN_BLOCK_CALLS)
+    """The job's paired-timing policy, unset settings at the device's defaults (`tuner.objective`)."""
+    o = job.objective.resolved(GPU if gpu else CPU)
+    return PairedPolicy(statistic=o.statistic, mode=o.mode, target=o.target_halfwidth, min_duration_s=float(o.min_duration_s or 0.0),
+                        min_calls=o.min_repeats, cap_s=float(o.timing_cap_s or 0.0), block_s=float(o.block_s or 0.0),
+                        warmup_min_s=o.warmup_s, min_block_calls=1 if o.mode == PIPELINED else MIN_BLOCK_CALLS)
 
 
 def block_fn(runner: Runner, feed: Feed, mode: str) -> BlockFn:
@@ -128,7 +122,8 @@ def _baseline(job: J.Job, backend: Backend, ctx: BuildContext, stack: ExitStack,
 def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, feed: Feed, res: J.Result) -> None:
     """Time `runner` (paired with the baseline where there is one) and record it all in `res`."""
     if runner.simulated:
-        samples = measure(runner.timed(feed), TimingPolicy(job.warmup_s, job.min_repeats, job.min_duration_s or 0.0))
+        o = job.objective
+        samples = measure(runner.timed(feed), TimingPolicy(o.warmup_s, o.min_repeats, o.min_duration_s or 0.0))
         res.samples_ms, res.latency, res.timing_info = samples, summarize(samples).to_dict(), runner.timing_info()
         return
     info: dict[str, Any] = {"role": job.role}
@@ -137,8 +132,8 @@ def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, 
         gpu = runner.timing_info().get("clock") in GPU_CLOCKS
         policy = policy_for(job, gpu)
         clocks: Callable[[], dict[str, Any]] | None = (lambda: _clocks(runner)) if gpu else None
-        candidate_fn = block_fn(runner, feed, job.mode)
-        baseline_fn = block_fn(baseline, feed, job.mode) if baseline is not None else None
+        candidate_fn = block_fn(runner, feed, job.objective.mode)
+        baseline_fn = block_fn(baseline, feed, job.objective.mode) if baseline is not None else None
         before = machine_state()
         with DeviceLock(device_key(gpu)).exclusive() as hold:
             result = measure_paired(candidate_fn, baseline_fn, policy, incumbent=job.incumbent, clocks=clocks)
@@ -146,7 +141,7 @@ def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, 
         res.timing_info = runner.timing_info()
     res.samples_ms = result.candidate_samples
     res.latency = summarize(result.candidate_samples).to_dict()
-    res.timing_info.update(hold.to_dict(), loadavg_before=before["loadavg"], loadavg_after=after["loadavg"], mode=job.mode,
+    res.timing_info.update(hold.to_dict(), loadavg_before=before["loadavg"], loadavg_after=after["loadavg"], mode=job.objective.mode,
                            **({"clocks_before": result.clocks[0], "clocks_after": result.clocks[-1]} if result.clocks else {}))
     res.paired = {**result.summary(), **info, "log_ratios": [round(d, 6) for d in result.log_ratios], "running": result.running}
     if baseline_fn is not None:
