@@ -46,7 +46,7 @@ timing_cap_s = 0.5
 
 [backend]
 name = "onnxruntime"
-space.precision = ["fp32", "int8_static"]  # fp16 on the CPU: ONNX Runtime's own cast insertion breaks If models
+space.precision = ["fp32", "int8_static"]  # its fp16 routes: tests/test_ort_loads.py
 
 [run]
 budget = 3

@@ -128,6 +128,9 @@ class Result:
     artifact_path: str | None = None
     artifact_sha256: str | None = None
     artifact_bytes: int | None = None
+    build_info: dict[str, Any] = field(default_factory=dict)  # what the build reported (Artifact.info), e.g. how it optimised
+    peak_memory_mb: float | None = None  # what loading and running the engine added at its highest (tuner.measure.memory)
+    memory_kind: str = ""  # "host-rss" or "device"
     latency: dict[str, float] | None = None
     samples_ms: list[float] = field(default_factory=list)
     accuracy: float | None = None

@@ -134,3 +134,22 @@ def _nvml_clocks(bus_id: str) -> dict[str, Any]:
         return {"nvml": f"no reading for {bus_id}: {type(exc).__name__}: {exc}"}
     finally:
         pynvml.nvmlShutdown()
+
+
+def device_memory_used() -> int | None:
+    """Bytes in use on the current CUDA device, or None where this process has no current CUDA context.
+
+    Asks the driver for the current context first (`cuCtxGetCurrent`), so a process that never used
+    the GPU is not made to: no context is created here. None also without cuda-python or a driver.
+    """
+    try:
+        from cuda.bindings import driver
+        from cuda.bindings import runtime as cudart
+
+        err, context = driver.cuCtxGetCurrent()
+        if err != driver.CUresult.CUDA_SUCCESS or not int(context):
+            return None
+        err, free, total = cudart.cudaMemGetInfo()
+    except Exception:  # no cuda-python, no driver library (it raises its own loader errors): nothing to read
+        return None
+    return int(total - free) if err == cudart.cudaError_t.cudaSuccess else None

@@ -102,10 +102,14 @@ def user_attrs(result: J.Result, metric: str, tolerance: float, extra: dict[str,
         attrs["accuracy_per_output"] = {k: _finite(v) for k, v in list(result.accuracy_per_output.items())[:20]}
     if result.phase_s:
         attrs["phase_s"] = {k: round(float(v), 4) for k, v in result.phase_s.items()}
-    for key in ("build_s", "artifact_sha256", "artifact_bytes"):
+    for key in ("build_s", "artifact_sha256", "artifact_bytes", "peak_memory_mb"):
         value = getattr(result, key)
         if value is not None:
             attrs[key] = value
+    if result.memory_kind:
+        attrs["memory_kind"] = result.memory_kind
+    if result.build_info:
+        attrs["build_info"] = result.build_info
     return attrs
 
 

@@ -11,7 +11,7 @@ whose default action ends the process even inside native code), a little after t
 from __future__ import annotations
 
 import contextlib
-
+import json
 import math
 import os
 import signal
@@ -27,12 +27,13 @@ from tuner.errors import TrialFailure
 from tuner.files import atomic_write
 from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
 from tuner.measure.inputs import file_hash, read_feeds
+from tuner.measure.memory import MemoryProbe
 from tuner.measure.reference import load_reference
 from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold
 from tuner import job as J
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.lifeline import die_with_parent
-from tuner.worker.timing import time_trial
+from tuner.worker.timing import GPU_CLOCKS, time_trial
 
 DEADLINE_MARGIN_S = 5.0  # the worker kills at timeout_s; the child's own alarm is the backstop
 
@@ -88,6 +89,7 @@ def build_phase(t: Trial) -> Artifact:
     t.res.artifact_path = str(artifact.path)
     t.res.artifact_sha256 = file_hash(artifact.path)
     t.res.artifact_bytes = artifact.path.stat().st_size
+    t.res.build_info = json.loads(json.dumps(dict(artifact.info), default=str))
     return artifact
 
 
@@ -140,11 +142,13 @@ def run_job(job: J.Job, result_path: Path, startup_hold: int | None = None) -> J
     try:
         with cores.shared(startup_hold) if job.build_holds_cores or startup_hold is not None else contextlib.nullcontext():
             artifact = build_phase(t)
+        memory = MemoryProbe.start()
         with cores.shared():
             runner_cm = load_phase(t, artifact)
         with runner_cm as runner:
             with cores.shared():
                 gate_out = gate_phase(t, runner)
+            res.peak_memory_mb, res.memory_kind = memory.peak(runner.timing_info().get("clock") in GPU_CLOCKS)
             if gate_out is not None:
                 time_phase(t, runner)
                 if res.status != J.SLOW:

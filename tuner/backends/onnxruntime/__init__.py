@@ -33,7 +33,7 @@ class OnnxRuntimeBackend(Backend):
         """ONNX Runtime's version and the session settings every timed session gets (part of the cache key)."""
         import onnxruntime
 
-        from tuner.backends.onnxruntime.run import SESSION_CONFIG
+        from tuner.backends.onnxruntime.session import SESSION_CONFIG
 
         return " ".join([onnxruntime.__version__, *(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in sorted(SESSION_CONFIG.items()))])
 

@@ -2,7 +2,10 @@
 
 Every intermediate product is a content-addressed file under `work_dir/variants` (see `products`);
 one that fails is recorded in the study's `FailureBook` before the error is raised, so no later
-route builds it again.
+route builds it again. What is built must load: when the file ONNX Runtime optimised offline does
+not load again (it can write models with subgraphs, If/Loop, that fail its own checker), the
+artifact is the variant itself, marked to be optimised at the route's level when it is loaded
+(`session.mark_load_level`); the artifact's `graph_optimization` says which was done.
 """
 
 from __future__ import annotations
@@ -16,41 +19,57 @@ from tuner.backends.base import Artifact, BuildContext, BuildError
 from tuner.backends.onnxruntime.products import FailureBook, Product, fusion_switches, products, sensitivity_key
 from tuner.backends.onnxruntime.quant_space import recommendation
 from tuner.backends.onnxruntime.recipe import QuantOptions
+from tuner.backends.onnxruntime.session import PROVIDERS, graph_level, mark_load_level
 from tuner.errors import first_line
 from tuner.files import atomic_path
 from tuner.measure.inputs import feeds_hash, file_hash
 from tuner.precision import VariantOptions, make_variant
 from tuner.space import Route
 
-LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
-PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 T = TypeVar("T")
-
-
-def graph_level(route: Route) -> str:
-    """The route's ORT graph optimisation level (int8 static routes have their own knob)."""
-    return str(route.get("int8_graph_level", route.get("graph_optimization_level", "all")))
+OFFLINE, AT_LOAD = "offline", "at-load"  # how the artifact's graph optimisation is applied (Artifact.info)
 
 
 def build(route: Route, ctx: BuildContext) -> Artifact:
-    """Write `engine.onnx` for `route` into `ctx.out_dir`."""
+    """Write `engine.onnx` for `route` into `ctx.out_dir`: optimised offline, or (if that file does not load) at load."""
     import onnxruntime as ort
 
     t0 = time.perf_counter()
     variant = model_for(route, ctx)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     out = ctx.out_dir / "engine.onnx"
+    providers = PROVIDERS[str(route["provider"])]
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[graph_level(route)])
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, graph_level(route))
     opts.optimized_model_filepath = str(out)
     opts.log_severity_level = 3
     try:
-        ort.InferenceSession(str(variant), opts, providers=PROVIDERS[str(route["provider"])])
+        ort.InferenceSession(str(variant), opts, providers=providers)
     except Exception as exc:  # onnxruntime raises its own Fail/NotImplemented/InvalidGraph types
         raise BuildError(f"{type(exc).__name__}: {first_line(exc)}") from exc
     if not out.exists():
         raise BuildError("ONNX Runtime wrote no optimised model")
-    return Artifact(out, time.perf_counter() - t0, {"variant": variant.name})
+    info = {"variant": variant.name, "graph_optimization": OFFLINE}
+    refused = _load_problem(out, providers)
+    if refused:
+        mark_load_level(variant, out, graph_level(route))
+        info.update(graph_optimization=AT_LOAD, offline_file_refused=refused[:300])
+        ctx.log(f"the offline-optimised model does not load ({refused[:200]}); shipping the variant, optimised at load")
+    return Artifact(out, time.perf_counter() - t0, info)
+
+
+def _load_problem(path: Path, providers: list[str]) -> str | None:
+    """Why ONNX Runtime refuses to load `path` as it is (graph optimisation off), or None when it loads."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    try:
+        ort.InferenceSession(str(path), opts, providers=providers)
+    except Exception as exc:  # onnxruntime raises its own InvalidGraph/Fail types
+        return f"{type(exc).__name__}: {first_line(exc)}"
+    return None
 
 
 def model_for(route: Route, ctx: BuildContext) -> Path:
