@@ -110,3 +110,5 @@ def test_the_vad_models_fp16_routes_run_in_a_study(tmp_path: Path, sqlite_url: s
     assert all(t.user_attrs["build_info"]["graph_optimization"] == "at-load" for t in fp16)  # what was done is recorded
     baseline = next(t for t in done if t.params["precision"] == "fp32")
     assert baseline.user_attrs["build_info"]["graph_optimization"] == "offline"
+    assert all(t.user_attrs["memory_kind"] == "host-rss" and t.user_attrs["peak_memory_mb"] > 0 and t.user_attrs["artifact_bytes"] > 0
+               for t in done)
