@@ -162,3 +162,18 @@ class ChattyBackend(OnnxRuntimeBackend):
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         print(f"chatty: building precision={route['precision']}", flush=True)
         return super().build(route, ctx)
+
+
+class BallastBackend(SameEngineBackend):
+    """One engine for every route, whose runner holds `ballast_mb` MiB of resident memory while it is loaded
+    (the knob's values: 0, the default, 48 and 96), so routes differ in peak memory by known amounts."""
+
+    name = "ballast"
+
+    def space(self, model: ModelInfo) -> SearchSpace:
+        return SearchSpace((*super().space(model).params[:-1], Param("ballast_mb", (0, 48, 96), 0, "resident MiB held by the runner")))
+
+    def load(self, artifact: Artifact, route: Route, ctx: BuildContext):  # type: ignore[override]
+        runner = super().load(artifact, route, ctx)
+        runner.ballast = bytearray(int(route["ballast_mb"]) << 20)  # type: ignore[attr-defined]  # zero-filled: resident
+        return runner

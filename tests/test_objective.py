@@ -41,7 +41,8 @@ def test_changing_any_objective_setting_changes_the_fingerprint_and_the_cache_ke
                                                                                      f"{getattr(base, name)!r}, file has {value!r}"]
                                                                                     if declared.fingerprint else [])
     assert (key != base_key) == declared.key
-    assert declared.key and declared.fingerprint  # every setting so far changes what is measured
+    assert declared.fingerprint  # every setting changes what a study's results mean
+    assert declared.key or name == "max_memory_mb"  # ... and all but the memory cap (a judgement of what was measured) what is measured
 
 
 def test_the_job_carries_every_setting_through_its_json(write_spec, tmp_path) -> None:

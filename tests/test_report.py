@@ -62,6 +62,8 @@ def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path:
     assert len(data.samples["default"]) == sum(len(m.samples_ms) for m in runs if m.trial_number == conf["baseline_trial"])
     assert {t.number for t in data.trials} == {t.number for t in study.trials}
     assert [t.feasible for t in data.trials if study.trials[t.number].params["precision"] == "fp16"][:1] == [False]
+    default = next(t for t in data.trials if t.number == 0)  # feasible, so in the table with its engine size and peak memory
+    assert default.peak_memory_mb is not None and default.artifact_bytes and f"<td>{default.peak_memory_mb:.1f} MiB</td>" in html
 
 
 def test_importance_needs_enough_feasible_trials() -> None:

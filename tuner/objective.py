@@ -68,6 +68,9 @@ class ObjectiveSpec:
         device={CPU: 10.0, GPU: 20.0})
     block_s: float | None = setting(None, "the length of one timing block", minimum=0.0, strict=True,
                                     device={CPU: 0.05, GPU: 0.05})
+    max_memory_mb: float | None = setting(
+        None, "the most memory (MiB) an engine may add while it loads and runs: host RSS on the CPU, device memory on a GPU; "
+        "a route above it is infeasible", minimum=0.0, strict=True, key=False)  # decides feasibility, not what is measured
 
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> ObjectiveSpec:

@@ -64,6 +64,8 @@ def best_document(ctx: Any, study: optuna.Study | None = None) -> tuple[dict[str
         "accuracy": {"metric": acc.get("metric", ctx.spec.accuracy.metric), "value": acc.get("value"), "tolerance": ctx.spec.accuracy.tolerance},
         "feasible": is_feasible(trial), "statistic": ctx.spec.objective.statistic, "unit": "ms",
         "latency_ms": trial.user_attrs.get("latency_ms"), "artifact_sha256": trial.user_attrs.get("artifact_sha256"),
+        "artifact_bytes": trial.user_attrs.get("artifact_bytes"), "peak_memory_mb": trial.user_attrs.get("peak_memory_mb"),
+        "memory_kind": trial.user_attrs.get("memory_kind"), "max_memory_mb": ctx.spec.objective.max_memory_mb,
         "baseline_trial": s.baseline.number if s.baseline else None, "study_best_trial": s.best.number, "confirmation": confirmation,
         **head.to_json(),
     }

@@ -33,6 +33,8 @@ class TrialRow:
     params: dict[str, Any]
     cache_key: str
     speedup: Estimate | None = None  # the study's own estimate vs the default route (paired where measured so)
+    artifact_bytes: int | None = None  # the engine file's size
+    peak_memory_mb: float | None = None  # what loading and running the engine added at its highest (tuner.measure.memory)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ReportData:
     importances: dict[str, float] = field(default_factory=dict)
     importance_note: str = ""
     headline: Headline | None = None  # the study's one conclusion (`tuner.study.verdict`)
+    max_memory_mb: float | None = None  # the study's memory cap ([objective] max_memory_mb)
 
 
 def _float(value: Any) -> float | None:
@@ -69,7 +72,8 @@ def _row(t: FrozenTrial, baseline: FrozenTrial | None, raced: Races) -> TrialRow
     outcome = "feasible" if feasible else ("infeasible" if t.state == TrialState.COMPLETE else cls or t.state.name.lower())
     return TrialRow(t.number, t.state.name, t.value if t.state == TrialState.COMPLETE else None, feasible, outcome,
                     _float((t.user_attrs.get("accuracy") or {}).get("value")), dict(t.params), str(t.user_attrs.get("cache_key", "")),
-                    study_estimate(t, baseline, raced) if feasible else None)
+                    study_estimate(t, baseline, raced) if feasible else None, t.user_attrs.get("artifact_bytes"),
+                    _float(t.user_attrs.get("peak_memory_mb")))
 
 
 def importances(trials: list[FrozenTrial]) -> tuple[dict[str, float], str]:
@@ -120,7 +124,7 @@ def collect(ctx: Context, study: optuna.Study) -> ReportData:
     data = ReportData(
         study=ctx.spec.study, statistic=ctx.spec.objective.statistic, metric=ctx.spec.accuracy.metric,
         tolerance=ctx.spec.accuracy.tolerance, summary=summary, trials=rows, confirmation=confirmation,
-        samples_kind=kind, contender=contender, contender_role=role, headline=headline,
+        samples_kind=kind, contender=contender, contender_role=role, headline=headline, max_memory_mb=ctx.spec.objective.max_memory_mb,
     )
     data.samples = {
         "default": _samples(pool, by_number.get(baseline) if baseline is not None else None, kind, baseline),

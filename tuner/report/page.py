@@ -30,6 +30,10 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g} ms"
 
 
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} MiB"
+
+
 def _rows(pairs: list[tuple[str, str]]) -> str:
     return "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in pairs)
 
@@ -49,7 +53,8 @@ def _headline(data: ReportData) -> str:
         ("feasible / infeasible / failed", f"{s.feasible} / {s.infeasible} / {s.failed}"),
         ("best feasible in the study", f"trial {s.best.number}: {_ms(s.best_value)}" if s.best else "none"),
         ("default route", f"trial {s.baseline.number}: {_ms(s.baseline_value)}" if s.baseline else "not run"),
-        ("objective", f"{data.statistic} latency; accuracy {data.metric} <= {data.tolerance:g}"),
+        ("objective", f"{data.statistic} latency; accuracy {data.metric} <= {data.tolerance:g}"
+                      + (f"; peak memory <= {data.max_memory_mb:g} MiB" if data.max_memory_mb is not None else "")),
     ]
     return f"<table>{_rows(pairs)}</table>"
 
@@ -90,10 +95,12 @@ def _top_trials(data: ReportData, limit: int = 10) -> str:
         routes.setdefault(canonical_route(t.params), []).append(t)
     if not routes:
         return "<p>No feasible trial.</p>"
-    head = "<tr><th>trial</th><th>latency</th><th>speedup vs default in the study</th><th>accuracy</th><th>route</th><th>same route in</th></tr>"
+    head = ("<tr><th>trial</th><th>latency</th><th>speedup vs default in the study</th><th>accuracy</th><th>engine file</th>"
+            "<th>peak memory</th><th>route</th><th>same route in</th></tr>")
     body = "".join(
         f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{escape(_estimate(t.speedup))}</td>"
         f"<td>{'-' if t.accuracy is None else f'{t.accuracy:.3g}'}</td>"
+        f"<td>{_mib(None if t.artifact_bytes is None else t.artifact_bytes / (1 << 20))}</td><td>{_mib(t.peak_memory_mb)}</td>"
         f"<td class=\"route\"><code>{escape(', '.join(f'{k}={v}' for k, v in t.params.items()))}</code></td>"
         f"<td class=\"route\">{', '.join(str(r.number) for r in rest) or '-'}</td></tr>"
         for t, *rest in list(routes.values())[:limit]

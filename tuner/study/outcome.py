@@ -9,9 +9,10 @@ Encoding (chosen so every sampler learns from every outcome; see optuna-facts it
   units as the value), which TPE ranks pruned trials by;
 - routes that failed the quick accuracy gate, and routes that failed to build or run, are PRUNED
   (TPE learns from PRUNED trials; a bare FAIL is ignored by every sampler);
-- every finished trial carries the same two constraints, in the same order: `accuracy`
-  (violation relative to the tolerance) and `failure` (+1 when the route failed, -1 otherwise),
-  through `Trial.set_constraint` and mirrored to the legacy `constraints` list the dashboard reads;
+- every finished trial carries the same constraints, in the same order: `accuracy` (violation
+  relative to the tolerance) and `failure` (+1 when the route failed, -1 otherwise), and, in a study
+  with `[objective] max_memory_mb`, `memory` (the engine's peak memory over the cap, relative to
+  it); through `Trial.set_constraint` and mirrored to the legacy `constraints` list the dashboard reads;
 - interrupted and lost trials are FAIL, are not counted in the budget, and are re-queued;
 - known failures (a route needing a product that already failed to build) are PRUNED like any
   failure, so the sampler learns from them, but cost no child and no budget (see `budget`).
@@ -29,7 +30,7 @@ from optuna.trial import TrialState
 from tuner import job as J
 from tuner.study.optuna_adapter import mirror_constraints
 
-CONSTRAINT_KEYS = ("accuracy", "failure")
+CONSTRAINT_KEYS = ("accuracy", "failure", "memory")  # "memory" only in a study with a memory cap
 UNCOUNTED = tuple(sorted(J.outcomes("requeued")))  # FAIL, not counted in the budget, re-queued
 FAILURES = J.outcomes("failed")  # PRUNED, counted: the route failed to build or run
 GATE = J.outcomes("pruned")  # PRUNED, counted: the quick accuracy gate failed
@@ -41,7 +42,7 @@ class Judgement:
 
     state: TrialState
     value: float | None
-    constraints: tuple[float, float]
+    constraints: tuple[float, ...]
     feasible: bool
 
 
@@ -71,18 +72,29 @@ def study_value(result: J.Result, statistic: str, baseline_value: float | None) 
     return float(result.latency[statistic]) if result.latency else math.nan
 
 
-def judge(result: J.Result, tolerance: float, statistic: str, baseline_value: float | None = None) -> Judgement:
-    """The state, objective value and constraints for a result."""
+def memory_violation(peak_mb: float | None, cap_mb: float) -> float:
+    """(peak - cap) relative to the cap; <= 0 is within it (an unknown peak is not held against a route)."""
+    return 0.0 if peak_mb is None else (peak_mb - cap_mb) / cap_mb
+
+
+def judge(result: J.Result, tolerance: float, statistic: str, baseline_value: float | None = None,
+          max_memory_mb: float | None = None) -> Judgement:
+    """The state, objective value and constraints for a result (`memory` only with a memory cap)."""
+    def constraints(acc: float, failure: float) -> tuple[float, ...]:
+        if max_memory_mb is None:
+            return acc, failure
+        return acc, failure, (0.0 if failure > 0 else memory_violation(result.peak_memory_mb, max_memory_mb))
+
     if result.status in (J.OK, J.ACCURACY) and result.latency:
-        acc = accuracy_violation(result.accuracy, tolerance)
-        return Judgement(TrialState.COMPLETE, study_value(result, statistic, baseline_value), (acc, -1.0), acc <= 0)
+        timed = constraints(accuracy_violation(result.accuracy, tolerance), -1.0)
+        return Judgement(TrialState.COMPLETE, study_value(result, statistic, baseline_value), timed, all(v <= 0 for v in timed))
     if result.status == J.SLOW:
-        return Judgement(TrialState.PRUNED, None, (accuracy_violation(result.accuracy, tolerance), -1.0), False)
+        return Judgement(TrialState.PRUNED, None, constraints(accuracy_violation(result.accuracy, tolerance), -1.0), False)
     if result.status == J.GATE_FAILED:
-        return Judgement(TrialState.PRUNED, None, (max(accuracy_violation(result.accuracy, tolerance), 1e-9), -1.0), False)
+        return Judgement(TrialState.PRUNED, None, constraints(max(accuracy_violation(result.accuracy, tolerance), 1e-9), -1.0), False)
     if result.status in UNCOUNTED:
-        return Judgement(TrialState.FAIL, None, (0.0, 1.0), False)
-    return Judgement(TrialState.PRUNED, None, (0.0, 1.0), False)
+        return Judgement(TrialState.FAIL, None, constraints(0.0, 1.0), False)
+    return Judgement(TrialState.PRUNED, None, constraints(0.0, 1.0), False)
 
 
 def user_attrs(result: J.Result, metric: str, tolerance: float, extra: dict[str, Any]) -> dict[str, Any]:
@@ -150,12 +162,13 @@ def _finite(v: float | None) -> float | str | None:
 
 
 def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance: float, statistic: str, attrs: dict[str, Any],
-           baseline_value: float | None = None) -> Judgement:
+           baseline_value: float | None = None, max_memory_mb: float | None = None) -> Judgement:
     """Write attributes, constraints and intermediate values, then tell Optuna how the trial ended.
 
-    `baseline_value` is the baseline trial's value (the study-wide baseline latency), when known.
+    `baseline_value` is the baseline trial's value (the study-wide baseline latency), when known;
+    `max_memory_mb` the study's memory cap, when it has one.
     """
-    j = judge(result, tolerance, statistic, baseline_value)
+    j = judge(result, tolerance, statistic, baseline_value, max_memory_mb)
     _report(trial, result, baseline_value)
     for key, value in {**attrs, "feasible": j.feasible}.items():  # "feasible": the dashboard shows no constraints
         trial.set_user_attr(key, value)

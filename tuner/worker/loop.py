@@ -244,7 +244,7 @@ class Worker:
         attrs = outcome.user_attrs(result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name})
         base = racing.baseline_trial(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         outcome.record(self.study, trial, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs,
-                       base.value if base is not None else None)
+                       base.value if base is not None else None, self.spec.objective.max_memory_mb)
         update_note(self.study)  # never raises: the dashboard's study note states the best feasible trial
         env_requeues = int(frozen.user_attrs.get("env_requeues", 0)) + 1 if result.status == J.ENVIRONMENT_ERROR else 0
         if env_requeues > ENV_REQUEUES:
