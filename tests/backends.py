@@ -53,7 +53,8 @@ class FaultBackend(OnnxRuntimeBackend):
 
     backend.options:
       marker_dir: where builds are counted (`build-NNNN` files) and blocks are announced;
-      faults: a table {build index (as a string): "segfault" | "hang" | "block" | "error" | "enospc" |
+      faults: a table {build index (as a string): "segfault" | "hang" | "block" | "error" |
+        "errno-NAME" (an OSError with that errno, e.g. "errno-ENOSPC", "errno-EIO") |
         "orphan" (announce `orphan-<index>` with the pids, then hang without watching the worker) |
         "outside" (report an artifact outside the out dir)}.
     """
@@ -75,8 +76,9 @@ class FaultBackend(OnnxRuntimeBackend):
             _block(marker_dir, index)
         elif fault == "error":
             raise RuntimeError("scripted build failure")
-        elif fault == "enospc":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(ctx.out_dir))
+        elif fault and fault.startswith("errno-"):
+            code = getattr(errno, fault.removeprefix("errno-"))
+            raise OSError(code, os.strerror(code), str(ctx.out_dir))
         elif fault == "orphan":
             _announce(marker_dir, f"orphan-{index}")
             while True:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import REPO
 from tuner.cli.main import app
-from tuner.spec.load import STORAGE_ENV
+from tuner.store.urls import STORAGE_ENV
 
 COMPOSE = REPO / "docker" / "compose.yaml"
 DOCKERFILES = {"gpu": REPO / "Dockerfile", "cpu": REPO / "docker" / "Dockerfile.cpu"}

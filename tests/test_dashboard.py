@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import optuna
 import pytest
 from optuna_dashboard import get_note
 from playwright.sync_api import Page, expect, sync_playwright
+from sqlalchemy import create_engine, inspect, text
 
 from tests.conftest import REPO, SpecWriter, tuner
 from tests.helpers import start_tuner
@@ -164,3 +166,44 @@ def test_binding_beyond_loopback_warns_and_a_bad_address_is_one_line(write_spec:
     assert "warning: optuna-dashboard has no authentication" in res.stderr
     assert "study tiny is not in sqlite:///" in res.stderr and "yet" in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("error: cannot serve on 192.0.2.1:")
+
+
+def _get(url: str, host: str) -> tuple[int, bytes]:
+    """GET `url` with the Host header `host` (what a browser sends for a rebound name); status and body."""
+    request = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _rows(sqlite_url: str) -> dict[str, list[tuple]]:
+    engine = create_engine(sqlite_url)
+    with engine.connect() as conn:
+        rows = {name: sorted(map(tuple, conn.execute(text(f'SELECT * FROM "{name}"')).all()), key=repr)
+                for name in inspect(conn).get_table_names()}
+    engine.dispose()
+    return rows
+
+
+def test_the_dashboard_refuses_a_foreign_host_header_and_writes_nothing(write_spec: SpecWriter, sqlite_url: str, tmp_path: Path) -> None:
+    study = optuna.create_study(storage=sqlite_url, study_name="tiny")
+    study.tell(study.ask(), 1.0)
+    before = _rows(sqlite_url)
+    port = _free_port()
+    proc = start_tuner("dashboard", str(write_spec()), "--storage", sqlite_url, "--port", str(port),
+                       "--allow-host", "tuner.internal:8080", log=tmp_path / "dashboard.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_serving(f"{base}/api/studies", proc)
+        for foreign in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.attacker.example", ""):
+            code, body = _get(f"{base}/api/studies", foreign)
+            assert code == 403 and b"tiny" not in body, (foreign, code, body[:200])
+        for own in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}", "tuner.internal"):
+            code, body = _get(f"{base}/api/studies", own)
+            assert code == 200 and b'"tiny"' in body, (own, code)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert _rows(sqlite_url) == before  # no study note, nothing else: a read-only command

@@ -91,7 +91,7 @@ def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path
     markers = tmp_path / "markers"
     spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
                          "run.budget": 2, "run.workers": 2})
-    proc = start_tuner("run", str(spec), "--no-confirm", log=tmp_path / "run.log", env={"TUNER_STORAGE": url})
+    proc = start_tuner("run", str(spec), "--no-confirm", log=tmp_path / "run.log", env={"TUNER_STORAGE": url, "PGPASSWORD": secret})
     try:
         wait_for_file(markers / "blocked-0", proc)  # workers and a trial's child are running now
         seen = [(pid, cmd, env) for pid, cmd, env in processes() if str(tmp_path).encode() in cmd]  # this test's
@@ -99,7 +99,8 @@ def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path
         children = [pid for pid, cmd, _ in seen if b"tuner.worker.child" in cmd]
         assert children, "no trial child found"
         assert not [cmd for _, cmd, _ in seen if secret.encode() in cmd]
-        assert not [pid for pid, cmd, env in seen if b"tuner.worker.child" in cmd and secret.encode() in env]
+        assert not [pid for pid, cmd, env in seen if b"tuner.worker.child" in cmd and secret.encode() in env]  # no URL, no PGPASSWORD
+        assert not [pid for pid, cmd, env in seen if b"tuner.worker.child" in cmd and b"\0PG" in b"\0" + env]  # no libpq variable
         (markers / "release").write_text("")
         assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
@@ -109,9 +110,10 @@ def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path
 
 # -- item 2: environment errors ----------------------------------------------------------------
 
-def test_an_environment_error_is_run_again_and_never_cached(write_spec, pg_url, tmp_path: Path) -> None:
+@pytest.mark.parametrize("code", ["ENOSPC", "EIO", "EACCES", "ESTALE", "ETIMEDOUT"])
+def test_an_environment_error_is_run_again_and_never_cached(write_spec, pg_url, tmp_path: Path, code: str) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "enospc"}},
+    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": f"errno-{code}"}},
                          "run.budget": 1})
     result = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
     assert result.returncode == 0, result.stderr

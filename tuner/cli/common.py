@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,7 @@ import typer
 from rich.console import Console
 
 from tuner.spec import load_spec, resolve_storage
+from tuner.store.urls import STORAGE_ENV, has_secret
 from tuner.study.setup import Context
 
 console = Console()
@@ -20,9 +22,24 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 
 
 def context(spec_path: Path, storage: str | None) -> Context:
-    """Validate the study file, then bind it to its storage URL."""
+    """Validate the study file, then bind it to its storage URL (warning if `--storage` carries a password)."""
     spec = load_spec(spec_path)
-    return Context(spec, resolve_storage(spec, storage))
+    return Context(spec, resolve_storage(spec, storage_option(storage)))
+
+
+def storage_option(storage: str | None) -> str | None:
+    """The `--storage` value, after warning (once) if it carries a password."""
+    if storage is not None and has_secret(storage):
+        warn_password_in_argv()
+    return storage
+
+
+@cache
+def warn_password_in_argv() -> None:
+    """Say once that a password on the command line is readable by every local user."""
+    err_console.print(f"warning: --storage carries a password, and every local user can read a command line (ps); put the URL "
+                      f"in ${STORAGE_ENV} or the password in a pgpass file (~/.pgpass, $PGPASSFILE) instead",
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def fmt_ms(value: float | None) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tuner.cli.common import StorageOpt, console, context
+from tuner.cli.common import StorageOpt, console, context, storage_option
 from tuner.errors import TunerError
 from tuner.store.db import check_reachable, schema_lock, upgrade_schema
 from tuner.store.urls import mask_url, normalize_url
@@ -20,7 +20,7 @@ def upgrade(spec: Annotated[Path | None, typer.Argument(help="A study file namin
     """Create or migrate the database: Optuna's tables and the tuner's (tuner_alembic_version)."""
     if spec is None and not storage:
         raise TunerError("db upgrade: give a study file or --storage URL")
-    url = normalize_url(storage) if spec is None and storage else context(spec, storage).url
+    url = normalize_url(storage_option(storage) or "") if spec is None else context(spec, storage).url
     assert url is not None
     check_reachable(url)
     import optuna

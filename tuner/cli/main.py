@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -33,11 +34,10 @@ def main() -> None:
         err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except SQLAlchemyError as exc:
-        from tuner.store.urls import scrub
+        from tuner.store.urls import STORAGE_ENV, mask_credentials, scrub
 
-        msg = first_line(getattr(exc, "orig", None) or exc)
-        for arg in sys.argv:
-            if "://" in arg:
-                msg = scrub(msg, arg)
+        msg = mask_credentials(first_line(getattr(exc, "orig", None) or exc))
+        for url in [arg for arg in sys.argv if "://" in arg] + [os.environ.get(STORAGE_ENV, "")]:
+            msg = scrub(msg, url) if url else msg
         err_console.print(f"error: database: {msg}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -17,6 +17,7 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.measure.inputs import Feed, read_feeds, save_feeds
+from tuner.store.urls import env_without_credentials
 
 
 def compute_reference(model_path: Path, feeds: list[Feed]) -> list[dict[str, np.ndarray]]:
@@ -43,7 +44,8 @@ def cached_reference(cache_dir: Path, key: str, model_path: Path, feeds_path: Pa
 def _run_child(model_path: Path, feeds_path: Path, out: Path, timeout_s: float) -> None:
     """Compute the reference in a fresh process group (it writes `out` atomically); one TunerError line if it fails."""
     proc = subprocess.Popen([sys.executable, "-m", "tuner.measure.reference", str(model_path), str(feeds_path), str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=env_without_credentials(os.environ))
     try:
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

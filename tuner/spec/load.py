@@ -16,9 +16,8 @@ from tuner.errors import SpecError, TunerError
 from tuner.objective import settings as objective_settings
 from tuner.objective import value_type
 from tuner.spec.model import DEFAULT_STARTUP_TRIALS, AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
-from tuner.store.urls import normalize_url
+from tuner.store.urls import STORAGE_ENV, normalize_url
 
-STORAGE_ENV = "TUNER_STORAGE"
 SAMPLERS = ("tpe", "random", "gp")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 

@@ -11,8 +11,10 @@ import re
 
 from tuner.errors import first_line
 
-# errno values that describe the machine, not the route.
-ENV_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EBUSY, errno.EMFILE, errno.ENFILE, errno.EROFS})
+# errno values that describe the machine, not the route: space, memory, a busy device, descriptors, a read-only or
+# failing disk (EIO), permissions of the work dir or a cache (EACCES), a network file system gone stale or slow.
+ENV_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EBUSY, errno.EMFILE, errno.ENFILE, errno.EROFS,
+                        errno.EIO, errno.EACCES, errno.ESTALE, errno.ETIMEDOUT})
 
 # What native libraries (CUDA, TensorRT, ONNX Runtime, PyTorch) say when memory or the device is taken.
 ENV_MESSAGE = re.compile(

@@ -17,12 +17,9 @@ from pathlib import Path
 
 from tuner import job as J
 from tuner.measure.exclusive import HOST, STARTUP_HOLD_ENV, DeviceLock
+from tuner.store.urls import env_without_credentials
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.lifeline import PARENT_ENV
-
-# Variables a trial's child must not inherit (it never talks to the database).
-PRIVATE_ENV = ("TUNER_STORAGE",)
-
 
 class ChildHandle:
     """The running child, so a signal handler can kill it (and its process group).
@@ -52,9 +49,8 @@ def _killpg(pid: int) -> None:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a trial's child: ours, without credentials, plus `extra` and our pid."""
-    env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
-    return {**env, **(extra or {}), PARENT_ENV: str(os.getpid())}
+    """The environment of a trial's child: ours without credentials (it never talks to the database), plus `extra` and our pid."""
+    return {**env_without_credentials(os.environ), **(extra or {}), PARENT_ENV: str(os.getpid())}
 
 
 def run_isolated(job: J.Job, trial_dir: Path, handle: ChildHandle | None = None, env: dict[str, str] | None = None) -> J.Result:
