@@ -81,3 +81,14 @@ def trial_dir(url: str, study: str, work_dir: Path, number: int) -> Path:
         uid = conn.execute(text("SELECT uid FROM tuner_studies WHERE name = :n"), {"n": study}).scalar_one()
     engine.dispose()
     return work_dir / "trials" / uid[:12] / f"{number:05d}"
+
+
+def all_rows_text(url: str) -> str:
+    """Every row of every table in the database at `url`, as JSON text (to search for what must not be stored)."""
+    from sqlalchemy import create_engine, inspect, text
+
+    engine = create_engine(normalize_url(url))
+    with engine.connect() as conn:
+        dump = [json.dumps(conn.execute(text(f'SELECT json_agg(t) FROM "{name}" t')).scalar()) for name in inspect(conn).get_table_names()]
+    engine.dispose()
+    return "\n".join(dump)

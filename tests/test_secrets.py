@@ -6,13 +6,11 @@ real CLI in subprocesses, and a dump of every row of every table afterwards.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from sqlalchemy import create_engine, inspect, text
 
 from tests.conftest import tuner
-from tuner.store.urls import env_without_credentials, has_secret, mask_credentials, mask_url, normalize_url, scrub
+from tests.helpers import all_rows_text
+from tuner.store.urls import env_without_credentials, has_secret, mask_credentials, mask_url, scrub
 
 WIDE = {"COLUMNS": "1000"}  # one line per message: a secret split by wrapping would pass unseen
 SECRET_KEYS = ("password", "passwd", "pwd", "sslpassword", "secret", "token", "access_token", "api_key", "PassWord")
@@ -44,14 +42,6 @@ def test_the_environment_of_a_process_without_database_work_has_no_credentials()
     assert env_without_credentials(env) == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}
 
 
-def _all_rows(url: str) -> str:
-    engine = create_engine(normalize_url(url))
-    with engine.connect() as conn:
-        dump = [json.dumps(conn.execute(text(f'SELECT json_agg(t) FROM "{name}" t')).scalar()) for name in inspect(conn).get_table_names()]
-    engine.dispose()
-    return "\n".join(dump)
-
-
 def test_a_password_in_the_url_query_is_never_printed_or_stored(write_spec, pg_url) -> None:
     secret = "qpw-5be2c1"
     url = f"{pg_url}?password={secret}&application_name=route-tuner-test"
@@ -60,7 +50,7 @@ def test_a_password_in_the_url_query_is_never_printed_or_stored(write_spec, pg_u
     assert run.returncode == 0, run.stderr
     shown = tuner("status", str(spec), env=WIDE), tuner("status", str(spec), "--json"), tuner("status", str(spec), "--storage", url, env=WIDE)
     missing = tuner("status", str(write_spec("other.toml", **{"study.name": "other", "study.storage": url})), env=WIDE)
-    dump = _all_rows(pg_url)
+    dump = all_rows_text(pg_url)
     for result in (run, *shown, missing):
         assert secret not in result.stdout + result.stderr
     assert secret not in dump

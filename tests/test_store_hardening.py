@@ -4,7 +4,6 @@ PostgreSQL waits, and no password in the database."""
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import signal
 import socket
@@ -18,10 +17,10 @@ import optuna
 import psycopg2
 import pytest
 from optuna.trial import TrialState
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, text
 
 from tests.conftest import REPO, tuner
-from tests.helpers import start_tuner, trials, wait_for_file
+from tests.helpers import all_rows_text, start_tuner, trials, wait_for_file
 from tuner.spec import load_spec
 from tuner.store.db import SCHEMA_LOCK, _alembic_config, get_engine, head_revision, lock_key
 from tuner.store.leases import HOST, Owner
@@ -213,21 +212,13 @@ def test_bad_timeout_settings_are_one_line(write_spec, pg_url) -> None:
 # -- no password in the database ----------------------------------------------------------------
 
 
-def _all_rows_text(url: str) -> str:
-    engine = create_engine(normalize_url(url))
-    with engine.connect() as conn:
-        dump = [json.dumps(conn.execute(text(f'SELECT json_agg(t) FROM "{name}" t')).scalar()) for name in inspect(conn).get_table_names()]
-    engine.dispose()
-    return "\n".join(dump)
-
-
 def test_the_database_holds_no_password_from_the_study_file(write_spec, pg_url) -> None:
     secret = "pw-9f3c1e77"
     url = pg_url.replace("postgres@", f"postgres:{secret}@")  # trust authentication ignores it
     spec = write_spec(**{"study.storage": url, "run.budget": 1})
     result = tuner("run", str(spec), "--no-confirm")
     assert result.returncode == 0, result.stderr
-    dump = _all_rows_text(pg_url)
+    dump = all_rows_text(pg_url)
     assert "postgres:***@127.0.0.1" in dump  # the study file is stored, masked
     assert secret not in dump
 
