@@ -7,12 +7,16 @@ is touched, which the storage URL of a database that does not exist proves); one
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg2
 import pytest
 
-from tests.conftest import tuner
+from tests.conftest import REPO, tuner
 from tests.helpers import cli_in_process
 
 SECRET = "s3cr3t-pw"
@@ -68,11 +72,45 @@ CASES = {
 UNTOUCHED = "postgresql://postgres@127.0.0.1:5432/tuner_never_created"  # validation must fail before any connection
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+NEEDS_TORCH = {"bad inductor_config"}  # checked against the installed torch's Inductor configuration
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.skipif(
+    c in NEEDS_TORCH and not HAS_TORCH, reason="needs PyTorch (pip install 'route-tuner[inductor]'); without it the case exits 3")) for c in sorted(CASES)])
 def test_bad_study_file_fields(case: str, write_spec, capsys, monkeypatch) -> None:
     overrides, needles = CASES[case]
     spec = write_spec(**overrides)
     _fails_cleanly(cli_in_process(capsys, monkeypatch, "run", str(spec), "--storage", UNTOUCHED), spec.name, *needles)
+
+
+BLOCKED = """import runpy, sys
+for name in sys.argv.pop(1).split(","):
+    sys.modules[name] = None  # the import system's own way of making a module unimportable
+runpy.run_module("tuner", run_name="__main__")
+"""
+
+
+def _without(modules: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a process where `modules` (comma-separated) cannot be imported, as where they are not installed."""
+    return subprocess.run([sys.executable, "-c", BLOCKED, modules, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ({"backend.name": "inductor", "backend.options": {"device": "cpu"}}, "the inductor backend needs torch"),
+    ({"backend.name": "inductor", "backend.options": {"inductor_config": {"freezing": True}}}, "backend.options.inductor_config needs torch"),
+    ({"run.sampler": "gp"}, "run.sampler: 'gp' needs torch"),
+], ids=["inductor", "inductor_config", "gp sampler"])
+def test_a_missing_optional_library_is_one_line_naming_the_extra_and_exits_3(overrides: dict, needle: str, write_spec) -> None:
+    spec = write_spec(**overrides)
+    for command in (["run", str(spec), "--storage", UNTOUCHED], ["space", str(spec)]):
+        done = _without("torch", *command)
+        assert done.returncode == 3, (done.returncode, done.stderr)
+        assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "Traceback" not in done.stderr
+        assert done.stderr.startswith(f"error: {spec}: ") and needle in done.stderr, done.stderr
+        assert "which is not installed: pip install 'route-tuner[" in done.stderr, done.stderr
+    assert not (spec.parent / ".tuner").exists()
 
 
 def test_a_bad_study_file_writes_nothing(write_spec, pg_url) -> None:

@@ -173,7 +173,7 @@ def test_bad_data_files_name_the_array_in_one_line(arrays: dict, needle: str, tm
 
 def test_scalars_stay_scalars_in_hashes_and_backend_feeds() -> None:
     """A 0-D feed is not a 1-element vector: hashed apart, handed to Inductor and replay as 0-D."""
-    import torch
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'route-tuner[inductor]')")
 
     from tuner.backends.inductor.engine import Engine
     from tuner.backends.replay.landscape import decode_array, encode_array, feed_key

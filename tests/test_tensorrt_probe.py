@@ -21,7 +21,7 @@ from tuner.backends.base import ModelInfo
 from tuner.backends.tensorrt import TensorRTBackend
 from tuner.backends.tensorrt.probe import knob_database
 from tuner.backends.tensorrt.version import MODULES, load_trt
-from tuner.errors import TunerError
+from tuner.errors import MissingLibrary
 
 STAND_IN_TRT_11 = '''"""Stand-in for the TensorRT 11.4 module (its native library cannot run here): what the probe reads."""
 import enum
@@ -73,7 +73,7 @@ def test_backend_without_tensorrt_raises_one_clear_line() -> None:
     load_trt.cache_clear()
     backend = TensorRTBackend()
     for call in (backend.version, backend.device, lambda: backend.space(ModelInfo(Path("m.onnx"), {}))):
-        with pytest.raises(TunerError, match=r"^no TensorRT module is importable \(tried tensorrt, "):
+        with pytest.raises(MissingLibrary, match=r"^no TensorRT module is importable \(tried tensorrt, "):
             call()
 
 
@@ -88,10 +88,11 @@ def test_probe_lists_backends_and_exits_0() -> None:
 
 
 @needs_no_trt
-def test_probe_of_a_backend_that_cannot_run_here_exits_2() -> None:
+def test_probe_of_a_backend_whose_library_is_missing_exits_3() -> None:
     done = tuner("probe", "--backend", "tensorrt")
-    assert done.returncode == 2
+    assert done.returncode == 3, done.stderr
     assert done.stderr.startswith("error: backend tensorrt cannot run here: no TensorRT module is importable")
+    assert len(done.stderr.strip().splitlines()) == 1 and "TensorRT comes from NVIDIA" in done.stderr
 
 
 def test_probe_json_for_an_available_backend() -> None:

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import ClassVar
 
 from tuner import job as J
 
 
 class TunerError(Exception):
-    """A problem with the user's input or environment; printed as one line, exit status 2."""
+    """A problem with the user's input or environment; printed as one line, exit status `exit_code`."""
+
+    exit_code: ClassVar[int] = 2  # bad input: the study file, the model, the data, an option
+
+
+class MissingLibrary(TunerError):
+    """An optional library the study needs is not installed; the message says what to install (exit status 3)."""
+
+    exit_code: ClassVar[int] = 3  # the environment, not the input
+
+
+def require(module: str, needed_by: str, install: str) -> None:
+    """Raise MissingLibrary unless the top-level `module` is importable: "`needed_by` needs `module` ...: `install`"."""
+    if importlib.util.find_spec(module) is None:
+        raise MissingLibrary(f"{needed_by} needs {module}, which is not installed: {install}")
 
 
 class SpecError(TunerError):

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tuner import job as J
-from tuner.errors import TrialFailure
+from tuner.errors import TrialFailure, require
 from tuner.space import Route, SearchSpace
 
 Feed = dict[str, np.ndarray]
@@ -192,6 +192,12 @@ class Backend(abc.ABC):
 
     name: str = ""
     options: tuple[Option, ...] = ()
+    requires: tuple[tuple[str, str], ...] = ()  # (module, how to install it): libraries the backend cannot work without
+
+    def check_libraries(self) -> None:
+        """Raise MissingLibrary (one line naming what to install) when a library in `requires` is absent."""
+        for module, install in self.requires:
+            require(module, f"the {self.name} backend", install)
 
     def build_uses_host_cores(self, options: Mapping[str, Any]) -> bool:
         """Whether `build` keeps this host's CPU cores busy, so that a CPU timing must wait for it (True by default)."""

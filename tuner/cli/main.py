@@ -27,12 +27,12 @@ app.add_typer(db.app, name="db")
 
 
 def main() -> None:
-    """Console entry point: one clear line and exit status 2 for every user-facing error."""
+    """Console entry point: one clear line for every user-facing error, exit status its `exit_code` (2: bad input)."""
     try:
         app()
     except TunerError as exc:
         err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     except SQLAlchemyError as exc:
         from tuner.store.urls import STORAGE_ENV, mask_credentials, scrub
 

@@ -5,14 +5,13 @@ Every error is a `SpecError` naming the file, the field and what is expected.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import SpecError, TunerError
+from tuner.errors import MissingLibrary, SpecError, TunerError, require
 from tuner.objective import settings as objective_settings
 from tuner.objective import value_type
 from tuner.spec.model import DEFAULT_STARTUP_TRIALS, AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
@@ -309,8 +308,9 @@ def _run(r: _Reader) -> RunSpec:
     sampler = r.get(t, "run", "sampler", str, "tpe")
     if sampler not in SAMPLERS:
         raise r.fail("run.sampler", f"expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
-    if sampler == "gp" and not all(importlib.util.find_spec(m) for m in ("scipy", "torch")):
-        raise r.fail("run.sampler", "'gp' needs scipy and torch: pip install 'route-tuner[gp]'")
+    if sampler == "gp":
+        for module in ("scipy", "torch"):
+            require(module, f"{r.path}: run.sampler: 'gp'", "pip install 'route-tuner[gp]'")
     return RunSpec(
         budget=r.count(t, "run", "budget"),
         workers=r.count(t, "run", "workers", 1),
@@ -335,10 +335,14 @@ def _check_space(r: _Reader, spec: Spec) -> None:
         backend = get_backend(spec.backend.name)
     except TunerError as exc:
         raise r.fail("backend.name", str(exc)) from exc
-    problem = backend.option_problem(spec.backend.options)
-    if problem:
-        raise r.fail(f"backend.options.{problem[0]}", problem[1])
-    space = backend.space(ModelInfo(spec.model.path, spec.model.inputs, spec.backend.options))
+    try:  # an option check that needs a missing library, or the space, raises MissingLibrary
+        problem = backend.option_problem(spec.backend.options)
+        if problem:
+            raise r.fail(f"backend.options.{problem[0]}", problem[1])
+        backend.check_libraries()
+        space = backend.space(ModelInfo(spec.model.path, spec.model.inputs, spec.backend.options))
+    except MissingLibrary as exc:
+        raise MissingLibrary(f"{r.path}: {exc}") from None
     try:
         space.restrict(spec.backend.space)
     except KeyError as exc:

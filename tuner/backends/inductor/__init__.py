@@ -10,13 +10,13 @@ backend is used: `import tuner` works without it.
 
 from __future__ import annotations
 
+import contextlib
 from importlib import metadata
 from typing import Any
 
 from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
 from tuner.backends.device import cpu_fingerprint
-from tuner.backends.inductor.space import OPTIONS
-from tuner.errors import TunerError
+from tuner.backends.inductor.space import INSTALL, OPTIONS
 from tuner.space import Route, SearchSpace
 
 
@@ -25,15 +25,14 @@ class InductorBackend(Backend):
 
     name = "inductor"
     options = OPTIONS
+    requires = (("torch", INSTALL),)
 
     def version(self) -> str:
+        self.check_libraries()
         parts = []
         for dist in ("torch", "onnx2torch"):
-            try:
+            with contextlib.suppress(metadata.PackageNotFoundError):
                 parts.append(f"{dist}=={metadata.version(dist)}")
-            except metadata.PackageNotFoundError:
-                if dist == "torch":
-                    raise TunerError("the inductor backend needs PyTorch: pip install 'route-tuner[inductor]'") from None
         return " ".join(parts)
 
     def device(self) -> dict[str, Any]:

@@ -14,10 +14,11 @@ from typing import Any
 
 from tuner import job as J
 from tuner.backends.base import BuildError, ModelInfo, Option
-from tuner.errors import TunerError
+from tuner.errors import TunerError, require
 from tuner.space import Param, SearchSpace
 from tuner.space.params import Value
 
+INSTALL = "pip install 'route-tuner[inductor]'"  # torch and onnx2torch
 MODES_CUDA = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MODES_CPU = ("default", "max-autotune-no-cudagraphs")
 PRECISIONS_CUDA = ("fp32", "tf32", "bf16", "fp16")
@@ -70,7 +71,8 @@ def mode_options(mode: str) -> dict[str, Any]:
 
 
 def config_problem(extra: Any) -> str | None:
-    """What is wrong with a table of extra `torch._inductor.config` switches (None: nothing)."""
+    """What is wrong with a table of extra `torch._inductor.config` switches (None: nothing); checking needs torch."""
+    require("torch", "backend.options.inductor_config", INSTALL)
     try:
         check_config(dict(extra))
     except UnknownSwitch as exc:

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 
-from tuner.errors import TunerError, first_line
+from tuner.errors import MissingLibrary, first_line
 
 # Import names tried in order: the PyPI `tensorrt` package, its bare bindings, then TensorRT-RTX.
+# TensorRT is not among route-tuner's extras ("tensorrt" brings cuda-python only): NVIDIA ships it.
+WHERE_FROM = ("TensorRT comes from NVIDIA: its `tensorrt` wheel (pip install tensorrt, from NVIDIA's package index) "
+              "or NVIDIA's TensorRT container (the Dockerfile here builds on it); then pip install 'route-tuner[tensorrt]'")
 MODULES = (("tensorrt", "tensorrt"), ("tensorrt_bindings", "tensorrt"), ("tensorrt_rtx", "tensorrt_rtx"), ("tensorrt_rtx_bindings", "tensorrt_rtx"))
 
 
@@ -77,7 +80,7 @@ class TrtApi:
 
 @cache
 def load_trt() -> TrtApi:
-    """Import the first available TensorRT module (TunerError with one clear line if there is none)."""
+    """Import the first available TensorRT module (MissingLibrary with one clear line if there is none)."""
     reasons = []
     for name, flavor in MODULES:
         try:
@@ -86,4 +89,4 @@ def load_trt() -> TrtApi:
             reasons.append(f"{name}: {first_line(exc, type(exc).__name__)}")
             continue
         return TrtApi(module, Features(flavor, str(module.__version__)))
-    raise TunerError(f"no TensorRT module is importable (tried {', '.join(n for n, _ in MODULES)}); {reasons[0]}")
+    raise MissingLibrary(f"no TensorRT module is importable (tried {', '.join(n for n, _ in MODULES)}); {reasons[0]}. {WHERE_FROM}")
