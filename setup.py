@@ -4,6 +4,7 @@
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["tuner", "tuner.*"]), "tuner.migrations"],
+    packages=[*find_packages(include=["tuner", "tuner.*"], exclude=["tuner.migrations", "tuner.migrations.*"]),
+              "tuner.migrations", "tuner.migrations.versions"],  # versions/ holds modules without an __init__.py
     package_dir={"tuner.migrations": "migrations"},
 )

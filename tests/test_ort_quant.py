@@ -260,3 +260,25 @@ def test_preparation_runs_symbolic_shape_inference_without_importing_torch(tiny_
     assert outputs["plain"][:2] == ["full", "False"]  # symbolic shape inference ran, and torch was never imported
     assert outputs["torch-first"][:2] == ["full", "True"]
     assert outputs["plain"][2] == outputs["torch-first"][2]
+
+
+FALLBACK = """import sys
+from pathlib import Path
+sys.modules["sympy"] = None  # as where sympy is not installed: the import system refuses it
+from tuner.backends.onnxruntime.prepare import prepare
+lines = []
+prepare(Path(sys.argv[1]), "key", Path(sys.argv[2]), lines.append)
+print(lines[-1])
+"""
+
+
+def test_a_preparation_that_falls_back_says_why_in_one_line(tiny_model: Path, tmp_path: Path) -> None:
+    """Without sympy, symbolic shape inference cannot run: the step falls back and its one line names the reason."""
+    run = subprocess.run([sys.executable, "-c", FALLBACK, str(tiny_model), str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    line = run.stdout.strip()
+    assert line.startswith("preparation quant_pre_process: done without symbolic shape inference (full: ImportError: "), line
+    assert "sympy" in line and "\n" not in line
+    (record,) = tmp_path.glob("*.prepared.key.json")
+    assert "sympy" in json.loads(record.read_text())["steps"][-1]["detail"]  # stored with the study, shown by `tuner space`

@@ -11,7 +11,8 @@ the prepared model, stored with the study and shown by `tuner space`:
    otherwise only relabels the opset for per-channel Q/DQ, which leaves an invalid graph).
 3. **quant_pre_process**: ONNX Runtime's own pre-processing (symbolic shape inference, ORT's basic
    graph optimisation with constant folding, ONNX shape inference); without it the U8S8 recipe on
-   EfficientNet-Lite0 loses most of its gain. Tried in full, then without symbolic shape inference.
+   EfficientNet-Lite0 loses most of its gain. Tried in full (symbolic shape inference needs sympy), then
+   without symbolic shape inference; a fallback records why the full run failed.
 """
 
 from __future__ import annotations
@@ -141,13 +142,13 @@ def _pre_process(src: Path, out: Path) -> dict[str, Any]:
     _keep_torch_out_of_ort_tools()
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    errors = []
+    errors: list[str] = []
     for label, kwargs in (("full", {}), ("without symbolic shape inference", {"skip_symbolic_shape": True})):
         try:
             quant_pre_process(str(src), str(out), **kwargs)
-            return {"step": "quant_pre_process", "status": "done", "detail": label}
+            return {"step": "quant_pre_process", "status": "done", "detail": label + (f" ({errors[0]})" if errors else "")}
         except Exception as exc:  # symbolic shape inference rejects some custom/contrib ops; try without
-            errors.append(f"{label}: {type(exc).__name__}: {str(exc)[:120]}")
+            errors.append(f"{label}: {type(exc).__name__}: {' '.join(str(exc).split())[:240]}")
     src.replace(out)
     return {"step": "quant_pre_process", "status": "failed", "detail": "; ".join(errors)}
 
