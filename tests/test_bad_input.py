@@ -84,6 +84,13 @@ def test_bad_study_file_fields(case: str, write_spec, capsys, monkeypatch) -> No
     _fails_cleanly(cli_in_process(capsys, monkeypatch, "run", str(spec), "--storage", UNTOUCHED), spec.name, *needles)
 
 
+def test_paths_in_messages_are_normalised(write_spec, capsys, monkeypatch) -> None:
+    spec = write_spec(**{"model.path": "../models/./../nowhere.onnx"})
+    err = _fails_cleanly(cli_in_process(capsys, monkeypatch, "run", str(spec), "--storage", UNTOUCHED), "model.path")
+    assert err.endswith(f"file not found: {spec.resolve().parent.parent / 'nowhere.onnx'}"), err
+    assert "/../" not in err and "/./" not in err
+
+
 BLOCKED = """import runpy, sys
 for name in sys.argv.pop(1).split(","):
     sys.modules[name] = None  # the import system's own way of making a module unimportable

@@ -70,3 +70,13 @@ def test_db_upgrade_on_an_empty_database_and_refusal_of_a_newer_schema(write_spe
     assert result.returncode == 2
     assert "newer than this route-tuner knows" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_output_without_a_terminal_is_not_wrapped(tmp_path: Path) -> None:
+    """A log line keeps a long storage URL whole (without a terminal rich would wrap at 80 columns)."""
+    folder = tmp_path / ("a-folder-name-long-enough-that-the-url-passes-eighty-columns-" * 2)
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'study.db'}"
+    up = tuner("db", "upgrade", "--storage", url, env={"COLUMNS": ""})
+    assert up.returncode == 0, up.stderr
+    assert len(url) > 120 and up.stdout.splitlines()[0].startswith(f"{url}: optuna schema "), up.stdout

@@ -13,8 +13,19 @@ from tuner.spec import load_spec, resolve_storage
 from tuner.store.urls import STORAGE_ENV, has_secret
 from tuner.study.setup import Context
 
-console = Console()
-err_console = Console(stderr=True)
+UNWRAPPED = 100_000  # the line width without a terminal: a log line is never split (a URL or a path stays whole)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console: on a terminal it wraps at the terminal's width; without one (a pipe, a log file) never."""
+    out = Console(stderr=stderr)
+    if not out.is_terminal:
+        out.width, out.soft_wrap = UNWRAPPED, True
+    return out
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 SpecArg = Annotated[Path, typer.Argument(help="The study file (TOML).", show_default=False)]
 StorageOpt = Annotated[str | None, typer.Option("--storage", help="Storage URL (overrides $TUNER_STORAGE and the study file).")]

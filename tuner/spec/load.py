@@ -126,7 +126,7 @@ def _model(r: _Reader, base: Path) -> ModelSpec:
     from tuner.spec.onnx_check import read_inputs
 
     t = r.table("model")
-    path = base / r.get(t, "model", "path", str)
+    path = _file(base, r.get(t, "model", "path", str))
     graph_inputs = read_inputs(r, path)
     declared = r.get(t, "model", "inputs", dict, {})
     extra = sorted(set(declared) - set(graph_inputs))
@@ -147,6 +147,11 @@ def _model(r: _Reader, base: Path) -> ModelSpec:
             shapes[name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
         axes[name] = _batch_axis(r, f"{field}.batch_axis", entry, shapes[name])
     return ModelSpec(path, shapes, {n: dt for n, (dt, _) in graph_inputs.items()}, axes)
+
+
+def _file(base: Path, text: str) -> Path:
+    """A file named in the study file, relative to its folder, with `.` and `..` folded away (symbolic links kept as named)."""
+    return Path(os.path.normpath(base / text))
 
 
 def _shape(r: _Reader, field: str, shape: Any, dims: list[int | None] | None) -> tuple[int, ...]:
@@ -179,7 +184,7 @@ def _dims(dims: list[int | None] | None) -> str:
 def _data(r: _Reader, base: Path, model: ModelSpec) -> DataSpec:
     t = r.table("data", required=False)
     file = r.get(t, "data", "file", str, None)
-    path = base / file if file else None
+    path = _file(base, file) if file else None
     samples = r.count(t, "data", "samples", 8)
     gate = r.count(t, "data", "gate_samples", min(2, samples))
     low = r.get(t, "data", "low", (int, float), -1.0)
