@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from multiprocessing import Pool
 from pathlib import Path
@@ -32,55 +32,80 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.landscape.oracle import Oracle  # noqa: E402
-from bench.landscape.score import BUDGETS, LEVELS, score, share, summarise  # noqa: E402
-from bench.landscape.strategies import DEFAULT_SET, OURS, STRATEGIES, TRIAL_CAP  # noqa: E402
+from bench.landscape.score import LEVELS, score, share, summarise  # noqa: E402
+from bench.landscape.strategies import CHECKPOINTS as BUDGETS  # noqa: E402
+from bench.landscape.strategies import DEFAULT_SET, STRATEGIES, TRIAL_CAP  # noqa: E402
+from bench.landscape.truth import Truth  # noqa: E402
 from tuner.backends.replay.landscape import load_landscape  # noqa: E402
+from tuner.spec import RunSpec  # noqa: E402
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """A landscape under one accuracy metric and tolerance (None: those of the study it was recorded from)."""
+    """A landscape under one accuracy metric and tolerance (None: those of the study it was recorded from).
+
+    `model` names the model (scenarios of one model share its landscape: transfer never draws on the
+    same model); `drift_share` is the replay's (`tuner.backends.replay.run`): 1 for landscapes recorded
+    paired with the default route, `UNPAIRED_DRIFT_SHARE` for those recorded un-paired.
+    """
 
     name: str
     landscape: str
+    model: str
     tolerance: float | None = None
     metric: str | None = None
     note: str = ""
     held_out: bool = False  # never used to choose defaults; reported separately
 
 
+UNPAIRED_DRIFT_SHARE = 0.1  # the share of an un-paired recording's between-round drift assumed to survive pairing
 SCENARIOS = (
-    Scenario("efficientnet", "bench/landscapes/efficientnet_lite0.json.gz", note="the study's tolerance: at most 2 of 16 crops change class"),
-    Scenario("efficientnet-strict", "bench/landscapes/efficientnet_lite0.json.gz", 0.001, "cosine", "logits within cosine distance 0.001"),
-    Scenario("minilm", "bench/landscapes/minilm_l6.json.gz", note="the study's tolerance: embedding cosine distance <= 0.02"),
-    Scenario("minilm-strict", "bench/landscapes/minilm_l6.json.gz", 0.001, note="embedding cosine distance <= 0.001", held_out=True),
-    Scenario("inductor-h200", "bench/landscapes/efficientnet_lite0_inductor_h200.json.gz", 0.125, "top1_mismatch",
-             "H200, PyTorch Inductor, 64 routes; the GPU study's tolerance: at most 2 of 16 photos change class", held_out=True),
+    Scenario("efficientnet", "bench/landscapes/efficientnet_lite0.json.gz", "efficientnet-lite0",
+             note="the study's tolerance: at most 2 of 16 crops change class"),
+    Scenario("efficientnet-strict", "bench/landscapes/efficientnet_lite0.json.gz", "efficientnet-lite0", 0.001, "cosine",
+             "logits within cosine distance 0.001"),
+    Scenario("minilm", "bench/landscapes/minilm_l6.json.gz", "minilm-l6", note="the study's tolerance: embedding cosine distance <= 0.02"),
+    Scenario("minilm-strict", "bench/landscapes/minilm_l6.json.gz", "minilm-l6", 0.001, note="embedding cosine distance <= 0.001"),
+    Scenario("inductor-h200", "bench/landscapes/efficientnet_lite0_inductor_h200.json.gz", "efficientnet-lite0-inductor", 0.125,
+             "top1_mismatch", "H200, PyTorch Inductor, 64 routes; the GPU study's tolerance: at most 2 of 16 photos change class",
+             held_out=True),
+    Scenario("silero-vad", "bench/landscapes/silero_vad.json.gz", "silero-vad", note="the study's tolerance"),
+    Scenario("silero-vad-strict", "bench/landscapes/silero_vad.json.gz", "silero-vad", 0.0001, "max_abs",
+             "speech probability within 1e-4"),
+    Scenario("ppocr-rec", "bench/landscapes/ppocrv4_rec.json.gz", "ppocrv4-rec", note="the study's tolerance", held_out=True),
+    Scenario("ppocr-rec-strict", "bench/landscapes/ppocrv4_rec.json.gz", "ppocrv4-rec", 0.001, "cosine",
+             "logits within cosine distance 0.001", held_out=True),
 )
 
 
+def available(scenarios: Sequence[Scenario]) -> list[Scenario]:
+    """The scenarios whose landscape file exists (new models' landscapes are recorded on a quiet machine)."""
+    return [s for s in scenarios if (REPO / s.landscape).exists()]
+
+
 @cache
-def oracle_for(scenario: Scenario) -> Oracle:
-    """The scenario's oracle (loaded once per process)."""
+def truth_for(scenario: Scenario) -> Truth:
+    """The scenario's truth (loaded once per process)."""
     landscape = load_landscape(REPO / scenario.landscape)
     tol = scenario.tolerance if scenario.tolerance is not None else float(landscape.meta["accuracy"]["tolerance"])
-    return Oracle(landscape, tol, metric=scenario.metric or "", statistic=landscape.meta["objective"]["statistic"])
+    return Truth(landscape, tol, metric=scenario.metric or "", statistic=landscape.meta["objective"]["statistic"])
+
+
+def drift_share(scenario: Scenario) -> float:
+    """How much recorded between-round drift the scenario's replay carries."""
+    landscape = truth_for(scenario).landscape
+    return 1.0 if landscape.paired() or len(landscape.points[0].rounds) <= 1 else UNPAIRED_DRIFT_SHARE
 
 
 def one_run(task: tuple[Scenario, str, int, int]) -> tuple[str, str, int, dict[str, Any]]:
     """Run one strategy once and score it (picklable, for the process pool)."""
     scenario, name, seed, budget = task
-    oracle = oracle_for(scenario)
+    truth = truth_for(scenario)
     t0 = time.perf_counter()
-    ev = STRATEGIES[name].evaluate(oracle, budget, seed)
-    result = score(ev.steps, oracle, budget)
-    if ev.race is not None:
-        timed = sum(1 for s in ev.steps if s.build and s.value is not None)
-        result["timing_s_per_timed_trial"] = round(ev.race.seconds / max(timed, 1), 3)
-        result["remeasures"] = ev.race.remeasures
+    run = STRATEGIES[name].run(truth, budget, seed, drift_share(scenario))
+    result = score(run, truth, budget)
     result["seconds"] = round(time.perf_counter() - t0, 3)
     return scenario.name, name, seed, result
 
@@ -127,25 +152,31 @@ def _summary(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     return out
 
 
-def measurement_facts(oracle: Oracle, top: int = 5, repeats: int = 60) -> dict[str, Any]:
-    """How ours' modelled paired measurement behaves on this landscape: for the `top` truly fastest
-    feasible routes against the default, the spread of repeated measurements (with the policy's leak
-    and with none), their mean half-width and what stopped them."""
+def measurement_facts(truth: Truth, share: float, top: int = 5, repeats: int = 20) -> dict[str, Any]:
+    """How the tuner's paired measurement behaves on this landscape's replay: the `top` truly fastest feasible
+    routes, each measured `repeats` times against the default route by the simulated child: the spread of the
+    measured log speedup, the mean half-width of its interval and what stopped the measurements."""
+    import tempfile
+
     import numpy as np
+    import optuna
 
-    from bench.landscape.paired import PairedMeter
-    from tuner.space import route_hash
+    from bench.landscape.simulate import Simulation
 
-    base = route_hash(oracle.space.default_route())
-    keys = sorted(oracle.truth, key=oracle.truth.__getitem__)[:top]
-    out: dict[str, Any] = {"routes": top, "repeats": repeats}
-    for label, policy in (("policy", OURS), ("no_leak", replace(OURS, leak=0.0))):
-        meter = PairedMeter(oracle, policy, np.random.default_rng(11))
-        ms = [[meter.measure(k, base) for _ in range(repeats)] for k in keys]
-        out[label] = {"leak": policy.leak, "ratio_sd": [round(float(np.std([m.log_ratio for m in row])), 4) for row in ms],
-                      "mean_half_width": round(float(np.mean([m.half_width for row in ms for m in row])), 4),
-                      "stopped": {why: sum(m.stopped == why for row in ms for m in row) for why in ("precision", "cap", "slow")}}
-    return out
+    with tempfile.TemporaryDirectory(prefix="search-facts-") as tmp:
+        sim = Simulation(truth, optuna.samplers.RandomSampler(0), Path(tmp), share, seed=11, recommended=False)
+        sim.step()  # the baseline trial
+        base = sim.baseline()
+        engine = sim.engine(base) if base is not None else None
+        keys = [k for k in sorted(truth.truth, key=truth.truth.__getitem__) if k != sim.default][:top]
+        routes = {p.key: p.route for p in truth.landscape.points}
+        rows = [[sim.child(routes[k], sim.backend, f"facts-{k}-{i}", baseline=engine).paired for i in range(repeats)] for k in keys]
+    paired = [[p for p in row if p.get("paired")] for row in rows]
+    stops = [p.get("stop", "") for row in paired for p in row]
+    return {"routes": len(keys), "repeats": repeats, "drift_share": share,
+            "ratio_sd": [round(float(np.std([math.log(p["speedup"]) for p in row])), 4) if row else None for row in paired],
+            "mean_half_width": round(float(np.mean([p["halfwidth"] for row in paired for p in row])), 4) if stops else None,
+            "stopped": {why: stops.count(why) for why in ("precision", "cap", "slow")}}
 
 
 # -- choosing the default ---------------------------------------------------------------------------
@@ -154,13 +185,14 @@ CHOICE_BUDGET = 30
 CHOICE_MARGIN = 0.10  # a challenger must be better by this share of seeds (2 of 20) to replace the default
 
 
-def choose_default(doc: dict[str, Any], current: str = "ours") -> dict[str, Any]:
+def choose_default(doc: dict[str, Any], current: str | None = None) -> dict[str, Any]:
     """Pick the default sampler from the tuning scenarios only.
 
     Key, in order: the lowest share (over tuning scenarios) of seeds delivered within 2 % at
     CHOICE_BUDGET builds, then its mean. The current default stays unless a candidate beats it on
     the first key by CHOICE_MARGIN, or ties within the margin and beats it on the second by it.
     """
+    current = current or RunSpec(budget=1).sampler
     tuning = [n for n, sc in doc["scenarios"].items() if not sc["held_out"]]
     key = f"delivered_within_2pct_at_{CHOICE_BUDGET}"
     table = {}
@@ -212,8 +244,9 @@ def markdown(doc: dict[str, Any]) -> str:
     names = list(doc["scenarios"])
     lines = [f"Generated by `python bench/search_efficiency.py` on {doc['generated']}: {doc['settings']['seeds']} seeds per cell, "
              f"budget {budget} builds; shares are of seeds, other cells median [25th–75th percentile] over seeds. "
-             f"`>{budget}`: not reached within the budget; ∞: nothing feasible delivered. Ours measures as "
-             f"{doc['settings']['paired']}." + (f" {doc['note']}" if doc.get("note") else ""), ""]
+             f"`>{budget}`: not reached within the budget; ∞: nothing feasible delivered. Every study strategy runs the tuner's "
+             f"study, measurement, racing and confirmation through the simulation runner; un-paired recordings are replayed with "
+             f"drift share {doc['settings']['unpaired_drift_share']:g}." + (f" {doc['note']}" if doc.get("note") else ""), ""]
     lines += ["| Scenario | tolerance | routes | failing | feasible | within 2 % | within 5 % | default | true best | fastest (any accuracy) | round-to-round spread |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, sc in doc["scenarios"].items():
@@ -221,16 +254,16 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {_col(doc, name)} | {sc['metric']} ≤ {sc['tolerance']:g} | {d['routes']} | {d['failing']} | {d['feasible']} | {d['within_2pct']} | {d['within_5pct']} | "
                      f"{_ms(d['default_ms'])} | {_ms(d['best_ms'])} | {_ms(d['fastest_any_ms'])} | {d['round_spread']:.2f}× |")
     if all("paired_measurement" in sc for sc in doc["scenarios"].values()):
-        lines += ["", "**Ours' paired measurement, modelled** (the 5 truly fastest feasible routes against the default, 60 measurements each): "
-                  "spread of the measured log ratio between measurements, mean 95 % half-width, and what stopped the measurements.", "",
-                  "| Scenario | spread, leak 0 | spread, headline leak | mean half-width | stopped at the cap |", "|---|---|---|---|---|"]
+        lines += ["", "**The paired measurement on each replay** (the 5 truly fastest feasible routes against the default, "
+                  "20 measurements each by the simulated child): spread of the measured log speedup between measurements, "
+                  "mean half-width of its interval, and what stopped the measurements.", "",
+                  "| Scenario | drift share | spread | mean half-width | stopped at the cap |", "|---|---|---|---|---|"]
         for name, sc in doc["scenarios"].items():
             f = sc["paired_measurement"]
-            pol, ideal = f["policy"], f["no_leak"]
-            n = sum(pol["stopped"].values())
-            lines.append(f"| {_col(doc, name)} | {100 * min(ideal['ratio_sd']):.1f}–{100 * max(ideal['ratio_sd']):.1f} % | "
-                         f"{100 * min(pol['ratio_sd']):.1f}–{100 * max(pol['ratio_sd']):.1f} % (leak {pol['leak']:g}) | "
-                         f"±{100 * pol['mean_half_width']:.1f} % | {100 * pol['stopped']['cap'] / n:.0f} % |")
+            n = max(1, sum(f["stopped"].values()))
+            sds = [v for v in f["ratio_sd"] if v is not None]
+            lines.append(f"| {_col(doc, name)} | {f['drift_share']:g} | {100 * min(sds):.1f}–{100 * max(sds):.1f} % | "
+                         f"±{100 * (f['mean_half_width'] or 0):.1f} % | {100 * f['stopped']['cap'] / n:.0f} % |")
     if "choice" in doc:
         c = doc["choice"]
         lines += ["", f"**Choosing the default sampler** (tuning scenarios: {', '.join(c['tuning_scenarios'])}; held out: {', '.join(c['held_out'])}). "
@@ -283,7 +316,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     cols = min(2, len(names))
     rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
-    styles = {"ours": dict(color="black", lw=2.5), "ours-unpaired": dict(color="black", ls=":", lw=1.5),
+    styles = {"local": dict(color="black", lw=2.5), "tpe": dict(color="tab:blue", lw=1.5), "smac": dict(color="tab:green", lw=1.5),
               "random": dict(color="tab:gray", ls="--", lw=2), "gpt-fast": dict(color="tab:red", lw=2),
               "gpt-mixed": dict(color="tab:orange", lw=2), "olive": dict(color="tab:purple", lw=2)}
     for ax, name in zip(axes.flat, names):
@@ -314,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=100)
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--strategies", nargs="*", default=list(DEFAULT_SET), choices=list(STRATEGIES))
-    p.add_argument("--scenarios", nargs="*", default=[s.name for s in SCENARIOS], choices=[s.name for s in SCENARIOS])
+    p.add_argument("--scenarios", nargs="*", default=[s.name for s in SCENARIOS], choices=[s.name for s in SCENARIOS],
+                   help="scenarios to run (those whose landscape file is missing are skipped)")
     p.add_argument("--json", type=Path, default=REPO / "bench/results/search-efficiency.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs/search-efficiency.md")
     p.add_argument("--png", type=Path, default=REPO / "docs/img/search-efficiency.png")
@@ -330,29 +364,30 @@ def main(argv: list[str] | None = None) -> int:
         write_docs(doc, args.markdown)
         plot(doc, args.png)
         return 0
-    scenarios = [s for s in SCENARIOS if s.name in args.scenarios]
+    scenarios = [s for s in available(SCENARIOS) if s.name in args.scenarios]
     import optuna
 
     doc: dict[str, Any] = {
         "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "settings": {"seeds": args.seeds, "budget": args.budget, "trial_cap": TRIAL_CAP * args.budget, "levels": list(LEVELS), "budgets": list(BUDGETS),
-                     "paired": OURS.label(), "paired_policy": asdict(OURS)},
+                     "unpaired_drift_share": UNPAIRED_DRIFT_SHARE},
         "environment": {"python": platform.python_version(), "optuna": optuna.__version__, "machine": platform.machine(),
                         "cores": os.cpu_count(), "loadavg_start": list(os.getloadavg())},
         "strategies": {n: STRATEGIES[n].label for n in args.strategies},
         "scenarios": {},
     }
     for sc in scenarios:
-        o = oracle_for(sc)
-        meta = o.landscape.meta
+        t = truth_for(sc)
+        meta = t.landscape.meta
         doc["scenarios"][sc.name] = {
-            "landscape": sc.landscape, "note": sc.note, "metric": o.metric, "tolerance": o.tolerance, "facts": o.describe(), "held_out": sc.held_out,
+            "landscape": sc.landscape, "model": sc.model, "note": sc.note, "metric": t.metric, "tolerance": t.tolerance, "facts": t.describe(),
+            "held_out": sc.held_out, "drift_share": drift_share(sc),
             "recorded": {"backend": meta["backend"], "environment": meta["environment"], "enumeration": meta["enumeration"]},
-            "paired_measurement": measurement_facts(o),
+            "paired_measurement": measurement_facts(t, drift_share(sc)),
         }
     doc["results"] = run_all(scenarios, args.strategies, args.seeds, args.budget, args.jobs)
     doc["environment"]["loadavg_end"] = list(os.getloadavg())
-    if "ours" in args.strategies and args.budget >= CHOICE_BUDGET and any(sc.held_out for sc in scenarios) and any(not sc.held_out for sc in scenarios):
+    if RunSpec(budget=1).sampler in args.strategies and args.budget >= CHOICE_BUDGET and any(sc.held_out for sc in scenarios) and any(not sc.held_out for sc in scenarios):
         doc["choice"] = choose_default(doc)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1, default=str))

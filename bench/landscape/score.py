@@ -1,14 +1,14 @@
 """Scoring a strategy's run against the landscape's truth, and summarising runs over seeds.
 
-Two incumbents are scored after each build, both by their *true* value (median over the recorded
-rounds) relative to the landscape's true best feasible value:
-- *delivered* (the headline): the route the strategy would hand to its user if it stopped there, by
-  its own selection rule (`Step.delivered`: ours after paired measurement and racing, GPT and Olive
-  their fastest accepted measurement). A delivered route that is not truly feasible (a flaky route
-  that happened to pass) counts as not delivered;
-- *built*: the best route built so far that was observed feasible, as if the selection stage always
-  identified it — an upper bound on what any selection could deliver.
-A strategy that stops before a budget delivers what it had when it stopped.
+Routes are scored by their *true* latency (`bench.landscape.truth`) relative to the true best
+feasible one; a delivered route that is not truly feasible counts as nothing delivered (inf):
+- *delivered at B builds* (the headline): what the study delivers when its budget is B builds —
+  for the tuner's study the end-of-study confirmation's verdict (`Simulation.delivered`), for GPT and
+  Olive their fastest accepted measurement;
+- *delivered after each build*: the same without the final confirmation (racing's confirmed best);
+  "builds to 2 %" is the first build from which it stays within 2 % to the end of the budget;
+- *built*: the best route built so far that was observed feasible (an upper bound on any selection).
+A run that stops before a budget delivers what it had when it stopped.
 """
 
 from __future__ import annotations
@@ -19,35 +19,46 @@ from typing import Any
 
 import numpy as np
 
-from bench.landscape.oracle import Oracle
-from bench.landscape.strategies import Step
+from bench.landscape.simulate import Step
+from bench.landscape.strategies import CHECKPOINTS, Run
+from bench.landscape.truth import Truth
 
 LEVELS = (0.02, 0.05)
-BUDGETS = (10, 20, 30, 50, 100)
 
 
-def ratio_curve(steps: Sequence[Step], oracle: Oracle) -> list[float]:
-    """Built incumbent's true value / true best after each build (inf while nothing feasible was seen)."""
-    by_key = {p.key: p for p in oracle.landscape.points}
+def built_curve(steps: Sequence[Step], truth: Truth) -> list[float]:
+    """The best built route's true value / true best after each build (inf while nothing feasible was seen)."""
+    by_key = {p.key: p for p in truth.landscape.points}
     curve: list[float] = []
     ratio = math.inf
     for s in steps:
-        if s.feasible and s.value is not None:
-            true = oracle.true_value(by_key[s.key])
-            ratio = min(ratio, (s.value if true is None else true) / oracle.best)
+        if s.feasible and s.value is not None and s.key in by_key:
+            true = truth.true_value(by_key[s.key])
+            ratio = min(ratio, (s.value if true is None else true) / truth.best)
         if s.build:
             curve.append(ratio)
     return curve
 
 
-def delivered_curve(steps: Sequence[Step], oracle: Oracle) -> list[float]:
-    """Delivered route's true value / true best after each build (inf: nothing, or nothing truly feasible)."""
-    truth = oracle.truth
-    return [truth[s.delivered] / oracle.best if s.delivered in truth else math.inf for s in steps if s.build]
+def ratio(key: str | None, truth: Truth) -> float:
+    """A delivered route's true value / true best (inf: nothing, or nothing truly feasible)."""
+    return truth.truth[key] / truth.best if key in truth.truth else math.inf
+
+
+def delivered_curve(steps: Sequence[Step], truth: Truth) -> list[float]:
+    """The delivered route's ratio after each build."""
+    return [ratio(s.delivered, truth) for s in steps if s.build]
 
 
 def _at(curve: Sequence[float], builds: int) -> float:
     return curve[min(builds, len(curve)) - 1] if curve else math.inf
+
+
+def _confirmed_at(run: Run, curve: Sequence[float], builds: int, truth: Truth) -> float:
+    if not run.confirmed:
+        return _at(curve, builds)
+    done = [b for b in run.confirmed if b <= builds]
+    return ratio(run.confirmed[max(done)], truth) if done else math.inf
 
 
 def _stays_within(curve: Sequence[float], level: float, budget: int) -> int | None:
@@ -61,24 +72,28 @@ def _stays_within(curve: Sequence[float], level: float, budget: int) -> int | No
     return i + 1
 
 
-def score(steps: Sequence[Step], oracle: Oracle, budget: int) -> dict[str, Any]:
-    """Delivered regret at each budget, whether it is within 2 %, builds until it stays within each
-    level; the same for the best built route; the share of builds wasted."""
-    built = ratio_curve(steps, oracle)
-    delivered = delivered_curve(steps, oracle)
+def score(run: Run, truth: Truth, budget: int) -> dict[str, Any]:
+    """Delivered regret at each checkpoint and whether it is within 2 %; builds until the delivered route stays
+    within each level; the same for the best built route; the shares of builds wasted and pruned."""
+    steps = run.steps
+    built = built_curve(steps, truth)
+    delivered = delivered_curve(steps, truth)
     builds = [s for s in steps if s.build]
-    out: dict[str, Any] = {"builds": len(builds), "trials": len(steps)}
+    out: dict[str, Any] = {"builds": len(builds), "trials": len(steps), "remeasures": run.remeasures}
     for level in LEVELS:
         pct = round(level * 100)
         out[f"delivered_builds_to_{pct}pct"] = _stays_within(delivered, level, budget)
         out[f"builds_to_{pct}pct"] = next((i + 1 for i, r in enumerate(built) if r <= 1 + level + 1e-12), None)
-    for b in BUDGETS:
+    for b in CHECKPOINTS:
         if b <= budget:
-            out[f"delivered_regret_at_{b}"] = _at(delivered, b) - 1
-            out[f"delivered_within_2pct_at_{b}"] = _at(delivered, b) <= 1.02 + 1e-12
+            at = _confirmed_at(run, delivered, b, truth)
+            out[f"delivered_regret_at_{b}"] = at - 1
+            out[f"delivered_within_2pct_at_{b}"] = at <= 1.02 + 1e-12
             out[f"regret_at_{b}"] = _at(built, b) - 1
     out["wasted_fraction"] = sum(1 for s in builds if not s.feasible and not s.pruned) / len(builds) if builds else 0.0
     out["pruned_fraction"] = sum(1 for s in builds if s.pruned) / len(builds) if builds else 0.0
+    timed = sum(1 for s in builds if s.value is not None or s.pruned)
+    out["timing_s_per_timed_trial"] = round(run.seconds / max(timed, 1), 3)
     out["curve"] = [round(r, 5) if math.isfinite(r) else None for r in built]
     out["delivered_curve"] = [round(r, 5) if math.isfinite(r) else None for r in delivered]
     return out
@@ -101,5 +116,5 @@ def summarise(values: Sequence[float | None]) -> dict[str, Any]:
             "reached": int(np.sum(np.isfinite(a)))}
 
 
-def _num(v: float) -> float | None:
-    return round(v, 5) if math.isfinite(v) else None
+def _num(v: float | None) -> float | None:
+    return round(v, 5) if v is not None and math.isfinite(v) else None

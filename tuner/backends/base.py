@@ -69,7 +69,6 @@ class Runner(abc.ABC):
     """
 
     closed: bool = False
-    simulated: bool = False  # its latencies are replayed, not measured: timed the legacy way, unpaired and unlocked
 
     def __enter__(self) -> Runner:
         return self
@@ -120,6 +119,12 @@ class Runner(abc.ABC):
     def timing_info(self) -> dict[str, Any]:
         """Facts to store with a latency measurement (clock source, device clocks, ...)."""
         return {"clock": "host-perf_counter"}
+
+    def clock(self) -> float:
+        """Seconds on the clock the measurement of this runner's latencies runs against (a replayed runner's is virtual)."""
+        import time
+
+        return time.perf_counter()
 
     def close(self) -> None:
         """Release the runner's resources once; later calls do nothing."""

@@ -80,6 +80,7 @@ def min_rounds(confidence: float) -> int:
     return n
 
 
+@lru_cache(maxsize=1024)
 def _critical(n: int, confidence: float) -> tuple[int, float]:
     """(k, coverage): the interval is the k-th smallest to k-th largest Walsh average (1-based)."""
     alpha = 1.0 - confidence
@@ -105,10 +106,17 @@ def location_interval(d: Sequence[float], confidence: float) -> tuple[float, flo
     if n < min_rounds(confidence):
         raise ValueError(f"{n} rounds cannot give a {confidence:.1%} interval; need at least {min_rounds(confidence)}")
     a = np.asarray(d, dtype=float)
-    i, j = np.triu_indices(n)
+    i, j = _pairs(n)
     walsh = np.sort((a[i] + a[j]) / 2.0)
     k, coverage = _critical(n, confidence)
-    return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[len(walsh) - k]), coverage
+    m = len(walsh)
+    return float((walsh[(m - 1) // 2] + walsh[m // 2]) / 2.0), float(walsh[k - 1]), float(walsh[m - k]), coverage
+
+
+@lru_cache(maxsize=512)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The index pairs (i <= j) of the Walsh averages of n values (the paired measurement asks after every cycle)."""
+    return np.triu_indices(n)
 
 
 def speedup_from_log_ratios(d: Sequence[float], confidence: float) -> Speedup:

@@ -17,7 +17,7 @@ from tuner.objective import value_type
 from tuner.spec.model import DEFAULT_STARTUP_TRIALS, AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
 from tuner.store.urls import STORAGE_ENV, normalize_url
 
-SAMPLERS = ("tpe", "random", "gp")
+SAMPLERS = ("local", "tpe", "random", "gp")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 _SECTIONS: dict[str, set[str]] = {

@@ -139,6 +139,21 @@ def refine(measurements: Sequence[Sequence[float]], confidence: float) -> Speedu
     return pooled_speedup(measurements, confidence)
 
 
+def after_remeasure(entry: Mapping[str, Any], measurements: Sequence[Sequence[float]], failure: str | None,
+                    baseline_value: float | None) -> dict[str, Any]:
+    """The change to a trial's racing entry after one re-measurement (its claim released).
+
+    `measurements` are the per-cycle log ratios of every paired measurement of the trial, the new one
+    included; `failure` says why the re-measurement gave none (the trial then races no more).
+    """
+    change: dict[str, Any] = {"claim": None}
+    if failure is None:
+        change.update(refined_attrs(refine(measurements, CONFIDENCE), int(entry.get("remeasured", 0)) + 1, baseline_value))
+    else:
+        change.update(remeasured=REMEASURE_MAX, race_failure=failure[:300])
+    return change
+
+
 def refined_attrs(pooled: Speedup, remeasured: int, baseline_value: float | None) -> dict[str, Any]:
     """The racing attributes of a trial after a re-measurement."""
     s = Standing(-1, pooled.estimate, pooled.low, pooled.high, remeasured)

@@ -31,12 +31,16 @@ def reuse_env(backend: str, artifact: Path | None, sha256: str | None) -> dict[s
 class StoredArtifactBackend(Backend):
     """The backend named in $TUNER_REUSE_ARTIFACT, reusing the artifact named there when it can."""
 
-    def __init__(self) -> None:
-        config: dict[str, Any] = json.loads(os.environ[REUSE_ENV])
-        self.inner = get_backend(config["backend"])
+    def __init__(self, inner: Backend | None = None, stored: Path | None = None, sha256: str | None = None) -> None:
+        """From $TUNER_REUSE_ARTIFACT (in a child), or around `inner` with the `stored` artifact given (in-process)."""
+        if inner is None:
+            config: dict[str, Any] = json.loads(os.environ[REUSE_ENV])
+            inner, sha256 = get_backend(config["backend"]), config.get("sha256")
+            stored = Path(config["path"]) if config.get("path") else None
+        self.inner = inner
         self.name = self.inner.name
-        self.stored = Path(config["path"]) if config.get("path") else None
-        self.sha256 = config.get("sha256")
+        self.stored = stored
+        self.sha256 = sha256
 
     def version(self) -> str:
         return self.inner.version()

@@ -25,20 +25,27 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.space import SearchSpace
 from tuner.spec import RunSpec
 
 
-def make_sampler(run: RunSpec, worker_index: int) -> optuna.samplers.BaseSampler:
-    """The study's sampler for one worker process.
+def make_sampler(run: RunSpec, worker_index: int, space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
+    """The study's sampler for one worker process (`space`: the study's search space, which "local" needs).
 
     Seeds mix the study seed, the worker index and the process id, so workers and restarts never
     replay one another's proposals (a fixed seed re-proposes the first configurations after a restart).
     """
-    return sampler_for(run, (run.seed * 1_000_003 + worker_index * 7919 + os.getpid()) % (2**31))
+    return sampler_for(run, (run.seed * 1_000_003 + worker_index * 7919 + os.getpid()) % (2**31), space)
 
 
-def sampler_for(run: RunSpec, seed: int) -> optuna.samplers.BaseSampler:
+def sampler_for(run: RunSpec, seed: int, space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
     """The study's sampler with an explicit `seed` (what `make_sampler` builds; benchmarks call it to repeat runs)."""
+    if run.sampler == "local":
+        if space is None:
+            raise ValueError("the local-search sampler needs the study's search space")
+        from tuner.study.local_search import LocalSearchSampler
+
+        return NoRepeatSampler(LocalSearchSampler(space, seed), seed)
     if run.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if run.sampler == "gp":

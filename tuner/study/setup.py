@@ -23,7 +23,7 @@ from tuner.backends.base import Backend, ModelInfo
 from tuner.errors import ResumeError, TunerError
 from tuner.measure.inputs import feeds_hash, file_hash, load_feeds, save_feeds
 from tuner.measure.reference import cached_reference
-from tuner.space import SearchSpace
+from tuner.space import Route, SearchSpace
 from tuner.spec import Spec
 from tuner.store.db import check_reachable, get_engine, schema_lock, study_lock, upgrade_schema
 from tuner.store.models import StudyRecord
@@ -121,6 +121,11 @@ class Context:
             raise TunerError(missing) from exc
 
 
+def seed_routes(backend: Backend, model: ModelInfo, space: SearchSpace) -> list[Route]:
+    """The backend's recommended routes that are routes of `space`, other than its default."""
+    return [r for r in backend.seed_routes(model) if space.contains(r) and r != space.default_route()]
+
+
 def prepare(ctx: Context) -> optuna.Study:
     """Set up storage, create or check the study, enqueue the baseline once, and cache the reference.
 
@@ -132,7 +137,7 @@ def prepare(ctx: Context) -> optuna.Study:
     fingerprint = ctx.fingerprint()
     ctx.reference_path  # noqa: B018 - compute once (in a child), before the workers need it
     preparation = ctx.backend.preparation(ctx.model_info, ctx.space, ctx.work_dir)  # cached by content: slow once
-    seeds = [r for r in ctx.backend.seed_routes(ctx.model_info) if ctx.space.contains(r) and r != ctx.space.default_route()]
+    seeds = seed_routes(ctx.backend, ctx.model_info, ctx.space)
     with study_lock(ctx.url, ctx.spec.study):
         with Session(get_engine(ctx.url)) as s, s.begin():
             record = s.get(StudyRecord, ctx.spec.study)
@@ -159,8 +164,14 @@ def prepare(ctx: Context) -> optuna.Study:
             study.set_user_attr("preparation", preparation)
             for key, value in ctx.backend.study_attrs(ctx.model_info).items():
                 study.set_user_attr(key, value)
-        study.enqueue_trial(ctx.space.default_route(), user_attrs={"source": "baseline"}, skip_if_exists=True)
-        room = ctx.spec.run.budget - len(study.get_trials(deepcopy=False))  # never leave a seed waiting past the budget
-        for route in seeds[:max(0, room)]:  # the compiler's own recommendation, right after the baseline
-            study.enqueue_trial(route, user_attrs={"source": "recommended"}, skip_if_exists=True)
+        enqueue_start(study, ctx.space, seeds, ctx.spec.run.budget)
     return study
+
+
+def enqueue_start(study: optuna.Study, space: SearchSpace, seeds: list[Route], budget: int) -> None:
+    """Enqueue the default route (the baseline) once, then the compiler's recommended routes `seeds`,
+    as many as the budget leaves room for (a seed never waits past the budget)."""
+    study.enqueue_trial(space.default_route(), user_attrs={"source": "baseline"}, skip_if_exists=True)
+    room = budget - len(study.get_trials(deepcopy=False))
+    for route in seeds[:max(0, room)]:
+        study.enqueue_trial(route, user_attrs={"source": "recommended"}, skip_if_exists=True)

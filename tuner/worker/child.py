@@ -42,7 +42,7 @@ class Trial:
     """One job's inputs and its result as it progresses; `enter` starts a phase and saves the result so far."""
 
     job: J.Job
-    result_path: Path
+    result_path: Path | None  # None: the result is only returned (a trial run in-process, e.g. replayed)
     backend: Backend
     feeds: list[Feed]
     reference: list[Outputs]
@@ -55,18 +55,22 @@ class Trial:
     @classmethod
     def open(cls, job: J.Job, result_path: Path) -> Trial:
         """Read the job's feeds and reference outputs and set up the build context."""
+        return cls.start(job, result_path, get_backend(job.backend), read_feeds(Path(job.feeds_path)), load_reference(Path(job.reference_path)))
+
+    @classmethod
+    def start(cls, job: J.Job, result_path: Path | None, backend: Backend, feeds: list[Feed], reference: list[Outputs]) -> Trial:
+        """A trial of `job` on `backend` with the feeds and reference outputs given (already in memory)."""
         log: list[str] = []
-        feeds = read_feeds(Path(job.feeds_path))
         model = ModelInfo(Path(job.model_path), {k: tuple(v) for k, v in job.input_shapes.items()}, job.options)
         ctx = BuildContext(model, Path(job.work_dir), Path(job.out_dir), feeds, time.monotonic() + job.timeout_s, log.append)
-        return cls(job, result_path, get_backend(job.backend), feeds, load_reference(Path(job.reference_path)), ctx,
-                   Tolerances(job.atol, job.rtol), log)
+        return cls(job, result_path, backend, feeds, reference, ctx, Tolerances(job.atol, job.rtol), log)
 
     def enter(self, name: str) -> None:
         """Close the current phase's clock, start phase `name` and write the result so far."""
         self._stop_clock()
         self.res.phase = name
-        self.result_path.write_text(self.res.to_json())
+        if self.result_path is not None:
+            self.result_path.write_text(self.res.to_json())
 
     def _stop_clock(self) -> None:
         now = time.perf_counter()
@@ -136,8 +140,12 @@ def run_job(job: J.Job, result_path: Path, startup_hold: int | None = None) -> J
 
     `startup_hold`: the shared host hold this process started under (from its worker); the build keeps it.
     """
-    t = Trial.open(job, result_path)
-    res = t.res
+    return run_trial(Trial.open(job, result_path), startup_hold)
+
+
+def run_trial(t: Trial, startup_hold: int | None = None) -> J.Result:
+    """Build, load, gate, time and check the trial `t`, classifying what fails; its result."""
+    job, res = t.job, t.res
     cores = DeviceLock(HOST)  # everything but the timing holds the host's cores shared: no timing runs meanwhile
     try:
         with cores.shared(startup_hold) if job.build_holds_cores or startup_hold is not None else contextlib.nullcontext():

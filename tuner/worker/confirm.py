@@ -79,18 +79,44 @@ def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k:
     """Re-measure, judge, store the "confirmation" document on the study and return it.
 
     `rounds` defaults to max(8, the fewest rounds that can reach `confidence`); fewer is an error.
+    Each run is a fresh child on the trial's stored artifact; its samples are kept as "confirm".
     """
+    store = ResultStore(ctx.url)
+    run_id = uuid.uuid4().hex[:12]
+    run_dir = ctx.work_dir / "confirm" / run_id
+    handle = ChildHandle()
+
+    def run(trial: FrozenTrial, r: int) -> J.Result:
+        res = _run_once(ctx, store, trial, run_dir / f"r{r:02d}-{trial.number:05d}", handle)
+        if res.status == J.OK and res.latency:
+            store.add_measurement(ctx.spec.study, trial.number, f"confirm-{run_id}", "confirm",
+                                  {**res.latency, "round": r}, res.samples_ms, res.timing_info)
+        return res
+
+    try:
+        return _store(study, judge_study(study, ctx.spec.objective.statistic, run, rounds, top_k, confidence, log))
+    except KeyboardInterrupt:
+        handle.kill()
+        raise
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def judge_study(study: optuna.Study, statistic: str, run: Callable[[FrozenTrial, int], J.Result], rounds: int | None = None,
+                top_k: int = 3, confidence: float = 0.95, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The confirmation document of `study`: its candidates, each route measured once per round by
+    `run(trial, round)`, and the verdict (`confirm` with the child runs; the search benchmark replays them)."""
     summary = summarize_study(study)
     baseline = summary.baseline
     doc: dict[str, Any] = {
-        "confidence": confidence, "statistic": ctx.spec.objective.statistic, "study_best_trial": summary.best.number if summary.best else None,
+        "confidence": confidence, "statistic": statistic, "study_best_trial": summary.best.number if summary.best else None,
         "baseline_trial": baseline.number if baseline else None, "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     candidates = pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if baseline and is_feasible(baseline) else []
     if not candidates:
         why = "the default route has no feasible measurement" if not baseline or not is_feasible(baseline) else "no feasible route other than the default was found"
         doc.update(verdict=NOTHING_TO_CONFIRM, rounds=0, candidates=[], message=f"nothing to confirm: {why}")
-        return _store(study, doc)
+        return doc
     need = rounds_needed(confidence, len(candidates))
     if rounds is None:
         rounds = max(need, 8)
@@ -98,40 +124,28 @@ def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k:
         raise TunerError(f"--confirm-rounds {rounds} is too few for {confidence:.0%} confidence over {len(candidates)} candidate(s); use at least {need}")
     assert baseline is not None
     entries = [Entry(baseline, "default")] + [Entry(t, f"trial {t.number}") for t in candidates]
-    _measure(ctx, entries, rounds, log)
-    doc.update(_judge(entries, rounds, confidence, ctx.spec.objective.statistic))
-    return _store(study, doc)
+    _measure(entries, rounds, statistic, run, log)
+    doc.update(_judge(entries, rounds, confidence, statistic))
+    return doc
 
 
-def _measure(ctx: Context, entries: list[Entry], rounds: int, log: Callable[[str], None]) -> None:
-    """Run every entry once per round in a fresh child, rotating the order; keep samples as "confirm"."""
-    store = ResultStore(ctx.url)
-    run_id = uuid.uuid4().hex[:12]
-    run_dir = ctx.work_dir / "confirm" / run_id
-    handle = ChildHandle()
-    statistic = ctx.spec.objective.statistic
-    try:
-        for r in range(rounds):
-            shift = r % len(entries)
-            for entry in entries[shift:] + entries[:shift]:
-                if entry.failure:
-                    continue
-                res = _run_once(ctx, store, entry.trial, run_dir / f"r{r:02d}-{entry.trial.number:05d}", handle)
-                if res.status != J.OK or not res.latency:
-                    entry.failure = f"{res.status}: {res.message}"[:300]
-                    log(f"confirm round {r + 1}/{rounds}: {entry.label} failed ({entry.failure})")
-                    if entry is entries[0]:
-                        return  # without the default there is nothing to compare with
-                    continue
-                entry.medians.append(float(res.latency[statistic]))
-                store.add_measurement(ctx.spec.study, entry.trial.number, f"confirm-{run_id}", "confirm",
-                                      {**res.latency, "round": r}, res.samples_ms, res.timing_info)
-            log(f"confirm round {r + 1}/{rounds}: " + ", ".join(f"{e.label} {e.medians[-1]:.4g} ms" for e in entries if not e.failure))
-    except KeyboardInterrupt:
-        handle.kill()
-        raise
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+def _measure(entries: list[Entry], rounds: int, statistic: str, run: Callable[[FrozenTrial, int], J.Result],
+             log: Callable[[str], None]) -> None:
+    """Run every entry once per round, rotating the order; the default's failure ends the measuring."""
+    for r in range(rounds):
+        shift = r % len(entries)
+        for entry in entries[shift:] + entries[:shift]:
+            if entry.failure:
+                continue
+            res = run(entry.trial, r)
+            if res.status != J.OK or not res.latency:
+                entry.failure = f"{res.status}: {res.message}"[:300]
+                log(f"confirm round {r + 1}/{rounds}: {entry.label} failed ({entry.failure})")
+                if entry is entries[0]:
+                    return  # without the default there is nothing to compare with
+                continue
+            entry.medians.append(float(res.latency[statistic]))
+        log(f"confirm round {r + 1}/{rounds}: " + ", ".join(f"{e.label} {e.medians[-1]:.4g} ms" for e in entries if not e.failure))
 
 
 def _run_once(ctx: Context, store: ResultStore, trial: FrozenTrial, trial_dir: Path, handle: ChildHandle) -> J.Result:

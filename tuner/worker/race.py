@@ -116,13 +116,8 @@ class Racer:
                 cycles = [list((m.stats.get("paired") or {}).get("log_ratios", [])) for m in self.results.measurements(self.ctx.spec.study)
                           if m.trial_number == number and m.kind in ("trial", KIND)]
                 with study_lock(self.ctx.url, self.ctx.spec.study):
-                    entry = self._update(number, None)
-                    change: dict[str, Any] = {"claim": None}
-                    if ok:
-                        remeasured = int(entry.get("remeasured", 0)) + 1
-                        change.update(racing.refined_attrs(racing.refine(cycles, racing.CONFIDENCE), remeasured, baseline_value))
-                    else:
-                        change.update(remeasured=racing.REMEASURE_MAX, race_failure=f"{result.status}: {result.message}"[:300] if result else "not run")
+                    failure = None if ok else f"{result.status}: {result.message}" if result else "not run"
+                    change = racing.after_remeasure(self._update(number, None), cycles, failure, baseline_value)
                     self._update(number, change)
         if ok:
             log.info("trial %d re-measured: %s", number, change)

@@ -22,7 +22,8 @@
    `exclusive`, `device`, `lock_wait_s`, `loadavg_before`/`after` and `clocks_before`/`after`.
    A measurement stopped as `slow` ends the trial with status `slow` (no full accuracy check).
 
-Runners whose latencies are replayed (`Runner.simulated`) keep the plain unpaired timing.
+The measurement runs on the runner's clock (`Runner.clock`): a replayed runner's is virtual, so a
+replayed trial is measured by the same code in microseconds.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from tuner.files import atomic_write
 from tuner.objective import CPU, GPU
 from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
 from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
-from tuner.measure.timing import TimingPolicy, measure, summarize
+from tuner.measure.timing import summarize
 
 GPU_CLOCKS = ("cuda-event", "cuda-events")
 MIN_BLOCK_CALLS = 3  # a block's median of at least 3 calls: one disturbed call does not move it
@@ -121,11 +122,6 @@ def _baseline(job: J.Job, backend: Backend, ctx: BuildContext, stack: ExitStack,
 
 def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, feed: Feed, res: J.Result) -> None:
     """Time `runner` (paired with the baseline where there is one) and record it all in `res`."""
-    if runner.simulated:
-        o = job.objective
-        samples = measure(runner.timed(feed), TimingPolicy(o.warmup_s, o.min_repeats, o.min_duration_s or 0.0))
-        res.samples_ms, res.latency, res.timing_info = samples, summarize(samples).to_dict(), runner.timing_info()
-        return
     info: dict[str, Any] = {"role": job.role}
     with ExitStack() as stack:
         baseline = _baseline(job, backend, ctx, stack, info)
@@ -136,7 +132,7 @@ def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, 
         baseline_fn = block_fn(baseline, feed, job.objective.mode) if baseline is not None else None
         before = machine_state()
         with DeviceLock(device_key(gpu)).exclusive() as hold:
-            result = measure_paired(candidate_fn, baseline_fn, policy, incumbent=job.incumbent, clocks=clocks)
+            result = measure_paired(candidate_fn, baseline_fn, policy, incumbent=job.incumbent, clocks=clocks, clock=runner.clock)
         after = machine_state()
         res.timing_info = runner.timing_info()
     res.samples_ms = result.candidate_samples

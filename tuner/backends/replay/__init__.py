@@ -3,8 +3,9 @@
 `backend.options.landscape` names the landscape file (see `landscape.py`; recorded by
 `bench/landscape/record.py`); a relative path is taken from the model file's directory. The study must
 use the recording's model and validation data: accuracy is computed for real from the recorded
-outputs against the study's reference. Set `objective.min_duration_s = 0`: a replayed inference
-takes no time, latencies are drawn from the recorded samples.
+outputs against the study's reference. Timing is the real paired measurement on a virtual clock
+(`run.py`), so a replayed trial takes milliseconds; `backend.options.drift_share` sets how much of the
+recording's between-round drift a measurement carries (`run.py` says how).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from tuner.space import Route, SearchSpace
 
 
 LANDSCAPE = Option("landscape", str, "", "the recorded landscape file (a relative path is taken from the model file's directory)")
+DRIFT_SHARE = Option("drift_share", float, 1.0, "share of the recorded between-round drift a replayed measurement carries (1: as recorded)",
+                     check=lambda v: None if 0.0 <= v <= 1.0 else "expected a number from 0 to 1")
+SEED = Option("seed", int, 0, "seed mixed into the replayed noise (with each trial's folder, route and use)")
 
 
 def landscape_of(model: ModelInfo) -> Landscape:
@@ -49,10 +53,21 @@ def _hash(path: str, mtime_ns: int, size: int) -> str:
 
 
 class ReplayBackend(Backend):
-    """Routes, outcomes, outputs and latencies as recorded by a real backend."""
+    """Routes, outcomes, outputs and latencies as recorded by a real backend.
+
+    Given a `landscape`, it answers from that one (already loaded, e.g. by the search benchmark)
+    instead of the file named in the study's options, checks no model file, and runs in its caller's
+    process: a recorded death of the child is raised as `build.ChildDeath` instead of re-enacted.
+    """
 
     name = "replay"
-    options = (LANDSCAPE,)
+    options = (LANDSCAPE, DRIFT_SHARE, SEED)
+
+    def __init__(self, landscape: Landscape | None = None) -> None:
+        self.landscape = landscape
+
+    def _landscape(self, model: ModelInfo) -> Landscape:
+        return self.landscape if self.landscape is not None else landscape_of(model)
 
     def version(self) -> str:
         from tuner import __version__
@@ -65,26 +80,40 @@ class ReplayBackend(Backend):
     def space(self, model: ModelInfo) -> SearchSpace:
         from tuner.backends.replay.space import replay_space
 
-        return replay_space(landscape_of(model))
+        return replay_space(self._landscape(model))
+
+    def seed_routes(self, model: ModelInfo) -> list[Route]:
+        """The recorded backend's recommended routes: as recorded, else ONNX Runtime's recipe for an ONNX Runtime recording."""
+        landscape = self._landscape(model)
+        if "seed_routes" in landscape.meta:
+            return [dict(r) for r in landscape.meta["seed_routes"]]
+        space = self.space(model)
+        if landscape.meta["backend"].get("name") == "onnxruntime" and "int8_static" in space.param("precision").choices:
+            from tuner.backends.onnxruntime.space import recommended_route
+
+            return [recommended_route(space)]
+        return []
 
     def study_attrs(self, model: ModelInfo) -> dict[str, Any]:
         """Where the replayed numbers come from, shown with the study in the dashboard."""
-        meta = landscape_of(model).meta
+        meta = self._landscape(model).meta
         return {"landscape": str(LANDSCAPE.get(model.options)), "landscape_backend": meta["backend"],
                 "landscape_environment": meta["environment"]}
 
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         from tuner.backends.replay.build import build
 
-        return build(landscape_of(ctx.model), route, ctx)
+        return build(self._landscape(ctx.model), route, ctx, self.landscape is not None)
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         from tuner.backends.replay.build import fail_if, read_round, trial_rng
         from tuner.backends.replay.run import ReplayRunner
 
-        landscape = landscape_of(ctx.model)
+        landscape = self._landscape(ctx.model)
         point = landscape.point(route)
         assert point is not None  # build() refused routes outside the landscape
         index = read_round(artifact)
-        fail_if(point.rounds[index], "load", ctx.deadline_s)
-        return ReplayRunner(landscape, point, index, trial_rng(ctx, point, 1), ctx.deadline_s)
+        in_process = self.landscape is not None
+        fail_if(point.rounds[index], "load", ctx.deadline_s, in_process)
+        return ReplayRunner(landscape, point, index, trial_rng(ctx, point, 1), ctx.deadline_s, float(DRIFT_SHARE.get(ctx.model.options)),
+                            in_process)

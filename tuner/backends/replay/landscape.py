@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from tuner import job as J
 from tuner.errors import TunerError
 from tuner.files import atomic_path
 from tuner.measure.inputs import feeds_hash
+from tuner.measure.timing import summarize
 from tuner.space import Route, route_hash
 
 FORMAT = "route-tuner-landscape/1"
@@ -51,13 +53,21 @@ def outputs_key(outputs: list[Outputs]) -> str:
 
 @dataclass(frozen=True)
 class Round:
-    """One recording round of one route: how it ended and, if timed, its latency samples (ms)."""
+    """One recording round of one route: how it ended and, if timed, its latency samples (ms).
+
+    A round timed paired with the default route's engine (ABBA blocks in one process) also has the
+    paired `speedup` (default / this route) and the default engine's samples of that measurement;
+    `loadavg` is the host's 1-minute load average before and after the measurement.
+    """
 
     status: str
     phase: str = ""
     message: str = ""
     build_s: float | None = None
     samples_ms: tuple[float, ...] = ()
+    speedup: float | None = None
+    baseline_samples_ms: tuple[float, ...] = ()
+    loadavg: tuple[float, float] | None = None
 
     @property
     def timed(self) -> bool:
@@ -92,6 +102,9 @@ class Landscape:
     def __post_init__(self) -> None:
         self._by_key = {p.key: p for p in self.points}
         self._feed_index = {k: i for i, k in enumerate(self.feeds)}
+        self._true: dict[tuple[str, str], float | None] = {}
+        self._levels: dict[tuple[str, str], list[float]] = {}
+        self._default: list[Point | None] = []
 
     def point(self, route: Mapping[str, Any]) -> Point | None:
         """The point recorded for `route`, if any."""
@@ -109,6 +122,48 @@ class Landscape:
     def space_params(self) -> list[dict[str, Any]]:
         """The recorded space: [{name, choices, default}] in sampling order."""
         return list(self.meta["space"])
+
+    def default_point(self) -> Point | None:
+        """The point of the recorded space's default route."""
+        from tuner.backends.replay.space import replay_space
+
+        if not self._default:
+            self._default.append(self.point(replay_space(self).default_route()))
+        return self._default[0]
+
+    def levels(self, point: Point, statistic: str = "median") -> list[float]:
+        """Each timed round's latency level (ms): the default route's true level over the round's paired
+        speedup where the round was timed paired with the default, else the statistic of its own samples."""
+        if (point.key, statistic) not in self._levels:
+            base = self.default_point()
+            base_ms = self.true_ms(base, statistic) if base is not None and base is not point else None
+            self._levels[point.key, statistic] = [base_ms / r.speedup if r.speedup and base_ms else summarize(r.samples_ms).get(statistic)
+                                                  for r in point.rounds if r.status == J.OK and r.timed]
+        return list(self._levels[point.key, statistic])
+
+    def true_ms(self, point: Point, statistic: str = "median") -> float | None:
+        """The route's true latency: the median of its rounds' levels (None when no round was timed)."""
+        if (point.key, statistic) not in self._true:
+            levels = self.levels(point, statistic)
+            self._true[point.key, statistic] = float(np.median(levels)) if levels else None
+        return self._true[point.key, statistic]
+
+    def paired(self) -> bool:
+        """Whether the routes were timed paired with the default route (every timed non-default round has a speedup)."""
+        base = self.default_point()
+        rounds = [r for p in self.points if p is not base for r in p.rounds if r.timed]
+        return bool(rounds) and all(r.speedup for r in rounds)
+
+    def on_gpu(self) -> bool:
+        """Whether the recording timed a GPU (its latencies are GPU-timed, with the GPU's timing defaults)."""
+        options = self.meta.get("backend", {}).get("options", {})
+        return str(options.get("device", "")).startswith("cuda") or str(options.get("provider", "")) == "cuda"
+
+    def with_feeds(self, feeds: list[str]) -> Landscape:
+        """This landscape answering the feeds keyed `feeds` (in the recorded order) instead of the recorded ones."""
+        if len(feeds) != len(self.feeds):
+            raise ValueError(f"{len(feeds)} feeds for a landscape recorded with {len(self.feeds)}")
+        return Landscape(self.meta, self.points, list(feeds), self.reference, self.outputs)
 
     # -- file I/O ------------------------------------------------------------------------------
 
@@ -183,12 +238,19 @@ def _enc_round(r: Round) -> dict[str, Any]:
         doc["build_s"] = round(r.build_s, 4)
     if r.samples_ms:
         doc["samples_ms"] = [round(s, 4) for s in r.samples_ms]
+    if r.speedup is not None:
+        doc["speedup"] = round(r.speedup, 6)
+    if r.baseline_samples_ms:
+        doc["baseline_samples_ms"] = [round(s, 4) for s in r.baseline_samples_ms]
+    if r.loadavg is not None:
+        doc["loadavg"] = [round(v, 2) for v in r.loadavg]
     return doc
 
 
 def _dec_point(d: Mapping[str, Any]) -> Point:
     rounds = tuple(
-        Round(r["status"], r.get("phase", ""), r.get("message", ""), r.get("build_s"), tuple(r.get("samples_ms", ())))
+        Round(r["status"], r.get("phase", ""), r.get("message", ""), r.get("build_s"), tuple(r.get("samples_ms", ())),
+              r.get("speedup"), tuple(r.get("baseline_samples_ms", ())), tuple(r["loadavg"]) if r.get("loadavg") else None)
         for r in d.get("rounds", ())
     )
     return Point(dict(d["route"]), rounds, d.get("invalid"), d.get("outputs"))

@@ -1,0 +1,122 @@
+"""Knob groups: a knob together with the sub-knobs it activates, flattened into one move of a local search.
+
+A space's knobs have conditions between them (`Param.when`): `keep_fp32` exists only for an fp16
+graph, the int8 knobs only for an int8 one, a transformer fusion's switches only when the fusion is
+on. Changing `precision` alone to fp16 can only reach fp16 with the default `keep_fp32`; the route
+that needs fp16 with `keep_fp32 = none` is two one-knob moves away, through a worse route. Grouping a
+knob with the knobs it activates makes "precision fp16, nothing kept in fp32" one move.
+
+Groups are read off the conditions: a knob active in the default route starts a group; a knob
+inactive there joins the first group one of whose joint values activates it (else starts its own).
+The distance between two routes is the number of groups whose joint values (inactive knobs
+included, as absent) differ.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from tuner.space.params import Route, SearchSpace, Value
+
+GROUP_VALUES_MAX = 4096  # joint values of one group enumerated; larger groups are sampled
+ENUMERATE_UP_TO = 4096  # spaces with up to this many routes have their whole route list
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The knob groups of a space, in sampling order (each a tuple of knob names, its root first)."""
+
+    space: SearchSpace
+    groups: tuple[tuple[str, ...], ...]
+
+    def of(self, route: Mapping[str, Value]) -> tuple[tuple[Value | None, ...], ...]:
+        """The route as one joint value per group (None for a knob the route lacks)."""
+        return tuple(tuple(route.get(name) for name in g) for g in self.groups)
+
+    def distance(self, a: Mapping[str, Value], b: Mapping[str, Value]) -> int:
+        """How many groups differ between routes `a` and `b`."""
+        return sum(x != y for x, y in zip(self.of(a), self.of(b)))
+
+    def values(self, route: Mapping[str, Value], group: Sequence[str]) -> list[Route]:
+        """Every joint value of `group` (the group's active knobs) with the rest of `route` as it is."""
+        return list(itertools.islice(_joint(self.space, route, set(group)), GROUP_VALUES_MAX))
+
+    def moves(self, route: Mapping[str, Value]) -> Iterator[Route]:
+        """The routes one group move away from `route` (one group's joint value changed, the rest kept)."""
+        here = self.of(route)
+        for i, group in enumerate(self.groups):
+            for joint in self.values(route, group):
+                moved = self.space.complete({**{k: v for k, v in route.items() if k not in group}, **joint})
+                if self.of(moved)[i] != here[i]:
+                    yield moved
+
+    @cached_property
+    def size(self) -> int:
+        """How many routes the space has (counted up to ENUMERATE_UP_TO + 1)."""
+        return sum(1 for _ in itertools.islice(_joint(self.space, {}, set(self.space.names())), ENUMERATE_UP_TO + 1))
+
+    @cached_property
+    def _every(self) -> list[tuple[Route, tuple[tuple[Value | None, ...], ...]]]:
+        """Every route of a small space with its joint values."""
+        return [(r, self.of(r)) for r in self.space.routes()]
+
+    def within(self, route: Mapping[str, Value], radius: int) -> list[Route]:
+        """Every route within `radius` group moves of `route` (itself excluded): from the whole route list of a
+        small space, else by repeated moves."""
+        if self.size <= ENUMERATE_UP_TO:
+            here = self.of(route)
+            return [r for r, joint in self._every if 0 < sum(x != y for x, y in zip(here, joint)) <= radius]
+        seen = {_key(route): dict(route)}
+        ring = [dict(route)]
+        for _ in range(radius):
+            grown = []
+            for r in ring:
+                for m in self.moves(r):
+                    if _key(m) not in seen:
+                        seen[_key(m)] = m
+                        grown.append(m)
+            ring = grown
+        return [r for k, r in seen.items() if k != _key(route)]
+
+
+def knob_groups(space: SearchSpace) -> Groups:
+    """The space's knob groups (see the module docstring)."""
+    default = space.default_route()
+    groups: list[list[str]] = []
+    for p in space.params:
+        if p.name in default:
+            groups.append([p.name])
+            continue
+        home = next((g for g in groups if any(p.name in space.complete(joint)
+                                              for joint in itertools.islice(_joint(space, default, set(g)), GROUP_VALUES_MAX))), None)
+        if home is None:
+            groups.append([p.name])
+        else:
+            home.append(p.name)
+    return Groups(space, tuple(tuple(g) for g in groups))
+
+
+def _joint(space: SearchSpace, route: Mapping[str, Value], free: set[str]) -> Iterator[Route]:
+    """The joint values of the knobs in `free` that are active, walking the space in order, every other
+    active knob at its value in `route` (its default where `route` lacks it)."""
+    def walk(i: int, chosen: Route) -> Iterator[Route]:
+        if i == len(space.params):
+            yield {k: v for k, v in chosen.items() if k in free}
+            return
+        p = space.params[i]
+        if not p.active(chosen):
+            yield from walk(i + 1, chosen)
+        elif p.name in free:
+            for v in p.choices:
+                yield from walk(i + 1, {**chosen, p.name: v})
+        else:
+            yield from walk(i + 1, {**chosen, p.name: route.get(p.name, p.default)})
+
+    return walk(0, {})
+
+
+def _key(route: Mapping[str, Value]) -> tuple[tuple[str, Value], ...]:
+    return tuple(sorted(route.items()))

@@ -1,0 +1,144 @@
+"""The default sampler: a local search around the confirmed incumbent, over knob groups, ranked by a surrogate.
+
+On the recorded landscapes the best route is two or three improving moves from the default when a
+move changes one knob *group* (a precision variant with its sub-knobs, a fusion with its switches:
+`tuner.space.groups`), and knobs interact, so a model of per-knob effects ranks the best route only
+somewhere in its top 20. So each proposal:
+
+1. takes the *centre*: the study's best confirmed route (`tuner.study.racing.best_confirmed`), else
+   its best feasible trial, else the default route;
+2. collects the routes not yet tried (finished, running or waiting) within `radius` group moves of
+   it, the radius starting at 1 and widening while that neighbourhood is used up;
+3. ranks them by the surrogate (`tuner.study.surrogate`: random forests fitted on every outcome —
+   timed, slow, infeasible, failed — plus any observations carried over from other studies) and
+   proposes the best, a random one before the surrogate has anything to learn from.
+
+Proposals of parallel workers do not collide: routes of running and waiting trials count as tried,
+and a worker re-reads them just before proposing, taking the next candidate when another worker has
+just taken its first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.space import Route, SearchSpace, canonical_route
+from tuner.space.groups import knob_groups
+from tuner.study import racing
+from tuner.study.outcome import is_feasible
+from tuner.study.surrogate import Encoder, Observation, Surrogate
+
+WARM_START_ATTR = "warm_start"  # study user attribute: {"sources": [...], "observations": [...]} (tuner.study.warm_start)
+PENDING = (TrialState.RUNNING, TrialState.WAITING)
+
+
+class LocalSearchSampler(optuna.samplers.BaseSampler):
+    """Local search over knob groups of `space` with a random-forest surrogate (see the module docstring)."""
+
+    def __init__(self, space: SearchSpace, seed: int | None = None) -> None:
+        self.space = space
+        self.groups = knob_groups(space)
+        self.encoder = Encoder(space)
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {p.name: CategoricalDistribution(list(p.choices)) for p in self.space.params if len(p.choices) > 1}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        trials = study.get_trials(deepcopy=False)
+        tried = {canonical_route(_route(t)) for t in trials if t.number != trial.number and (t.state.is_finished() or t.state in PENDING)}
+        centre = self.centre(trials, study)
+        candidates: list[Route] = []
+        for radius in range(1, len(self.groups.groups) + 1):
+            candidates = [r for r in self.groups.within(centre, radius) if canonical_route(r) not in tried]
+            if candidates:
+                break
+        if not candidates:
+            return {}  # every route was tried: the no-repeat step or the sampler's independent draws take over
+        order = self.rank(candidates, trials, study)
+        taken = {canonical_route(_route(t)) for t in study.get_trials(deepcopy=False, states=PENDING) if t.number != trial.number}
+        pick = next((candidates[i] for i in order if canonical_route(candidates[i]) not in taken), candidates[order[0]])
+        return {k: v for k, v in pick.items() if k in search_space}
+
+    def centre(self, trials: Sequence[FrozenTrial], study: optuna.Study) -> Route:
+        """The route the neighbourhood is taken around: the best confirmed, else the best feasible, else the default."""
+        best = racing.best_confirmed(trials, racing.races(study))
+        if best is None:
+            feasible = [t for t in trials if is_feasible(t)]
+            best = min(feasible, key=lambda t: (t.value, t.number)) if feasible else None
+        return _route(best) if best is not None else self.space.default_route()
+
+    def rank(self, candidates: list[Route], trials: Sequence[FrozenTrial], study: optuna.Study) -> list[int]:
+        """Candidate indices, most promising first (random order while there is nothing to learn from)."""
+        observations = self.observations(trials, study)
+        noise = self.rng.random(len(candidates)) * 1e-9  # breaks ties at random
+        if not any(o.log_ratio is not None for o in observations):
+            return list(np.argsort(noise))
+        model = Surrogate(self.encoder, observations, int(self.rng.integers(2**31)))
+        best = min((o.log_ratio for o in observations if o.feasible and o.log_ratio is not None and o.weight >= 1.0), default=0.0)
+        return list(np.argsort(-(model.score(candidates, best) + noise)))
+
+    def observations(self, trials: Sequence[FrozenTrial], study: optuna.Study) -> list[Observation]:
+        """Every finished trial's outcome (relative to the baseline's value), then those carried over from other studies."""
+        base = racing.baseline_trial(trials)
+        scale = float(base.value) if base is not None and base.value else None
+        raced = racing.races(study)
+        out = [o for t in trials if (o := observation(t, raced, scale)) is not None]
+        carried = (study.user_attrs.get(WARM_START_ATTR) or {}).get("observations") or []
+        weight = carried_weight(len(out))
+        out += [Observation(dict(c["route"]), c.get("log_ratio"), bool(c["feasible"]), weight) for c in carried
+                if self.space.contains(c["route"])]
+        return out
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+        """A knob the relative proposal lacks: its default (the space's other knobs follow the proposal)."""
+        default = self.space.param(param_name).default if param_name in self.space.names() else None
+        choices = getattr(param_distribution, "choices", ())
+        return default if default in choices else choices[int(self.rng.integers(len(choices)))]
+
+    def reseed_rng(self) -> None:
+        self.rng = np.random.default_rng()
+
+
+def observation(t: FrozenTrial, raced: Mapping[str, Mapping[str, Any]], scale: float | None, state: TrialState | None = None,
+                value: float | None = None) -> Observation | None:
+    """What a finished trial says: its log latency relative to `scale` (racing's refined value where it was
+    re-measured; a slow trial's last running estimate) and whether it was feasible; None for FAIL and unfinished.
+
+    `state` and `value` stand for the trial's while it is being told (a sampler's `after_trial`)."""
+    state = state or t.state
+    if state == TrialState.COMPLETE:
+        value = (raced.get(str(t.number)) or {}).get("value_refined", t.value if value is None else value)
+        feasible = bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
+        return Observation(_route(t), _log_ratio(value, scale), feasible)
+    if state == TrialState.PRUNED:
+        slow = t.user_attrs.get("failure_class") == "slow"
+        last = t.intermediate_values[max(t.intermediate_values)] if slow and t.intermediate_values else None
+        return Observation(_route(t), _log_ratio(last, scale), slow)
+    return None
+
+
+def carried_weight(own: int) -> float:
+    """The weight of an observation carried over from another study: it fades as the study's own ones accumulate."""
+    return 0.5 / (1.0 + own / 10.0)
+
+
+def _log_ratio(value: float | None, scale: float | None) -> float | None:
+    if value is None or not scale or not math.isfinite(value) or value <= 0:
+        return None
+    return math.log(value / scale)
+
+
+def _route(t: FrozenTrial) -> Route:
+    """A trial's route: its parameters, or the route it was enqueued with."""
+    return dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))
