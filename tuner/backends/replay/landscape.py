@@ -124,11 +124,10 @@ class Landscape:
         return list(self.meta["space"])
 
     def default_point(self) -> Point | None:
-        """The point of the recorded space's default route."""
-        from tuner.backends.replay.space import replay_space
-
+        """The point of the recorded space's default route: the one route whose every knob is at its default."""
         if not self._default:
-            self._default.append(self.point(replay_space(self).default_route()))
+            defaults = {d["name"]: d["default"] for d in self.space_params()}
+            self._default.append(next((p for p in self.points if all(defaults.get(k) == v for k, v in p.route.items())), None))
         return self._default[0]
 
     def levels(self, point: Point, statistic: str = "median") -> list[float]:
