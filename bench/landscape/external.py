@@ -38,7 +38,7 @@ SMAC_CRASH_COST = 2.0  # log latency relative to the baseline's: a failure count
 class Proposer(Protocol):
     """An ask/tell optimiser over the flattened space (one categorical per group, values by index)."""
 
-    def ask(self) -> tuple[Any, list[int]]: ...
+    def ask(self) -> tuple[Any, list[int]] | None: ...
 
     def tell(self, handle: Any, values: list[int], log_ratio: float | None, feasible: bool) -> None: ...
 
@@ -58,7 +58,10 @@ class ExternalSampler(optuna.samplers.BaseSampler):
         return {p.name: CategoricalDistribution(list(p.choices)) for p in self.space.params if len(p.choices) > 1}
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        handle, values = self.proposer.ask()
+        asked = self.proposer.ask()
+        if asked is None:
+            return {}  # the optimiser has nothing left to propose: the study's default route (a cache hit)
+        handle, values = asked
         self.asked[trial.number] = (handle, values)
         chosen: dict[str, Any] = {}
         for joints, v in zip(self.choices, values):
@@ -133,8 +136,13 @@ class Smac:
         self.smac = HyperparameterOptimizationFacade(scenario, lambda config, seed=0: 0.0, overwrite=True, logging_level=40)
         self.cs = cs
 
-    def ask(self) -> tuple[Any, list[int]]:
-        info = self.smac.ask()
+    def ask(self) -> tuple[Any, list[int]] | None:
+        from smac.main.exceptions import ConfigurationSpaceExhaustedException
+
+        try:
+            info = self.smac.ask()
+        except ConfigurationSpaceExhaustedException:
+            return None  # SMAC proposes no configuration twice: it has tried them all
         return info, [int(info.config.get(n, "0")) for n in self.names]
 
     def tell(self, handle: Any, values: list[int], log_ratio: float | None, feasible: bool) -> None:
