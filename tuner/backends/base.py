@@ -58,6 +58,44 @@ class Artifact:
     handle: Any = field(default=None, compare=False, repr=False)
 
 
+@dataclass(frozen=True)
+class ExportRequest:
+    """What a backend writes its native reproduction from: a trial's route and build record, the study's model.
+
+    `inputs` describes each model input (`shape`, `dtype`, `batch_axis`, and `value` for a study-file
+    constant); `shapes` the input shapes it was measured at, each `{"inputs": {name: shape}, "weight": w}`.
+    """
+
+    route: Route
+    artifact: Path
+    build_info: Mapping[str, Any]
+    model: ModelInfo
+    work_dir: Path
+    backend_version: str
+    inputs: Mapping[str, Mapping[str, Any]]
+    shapes: list[dict[str, Any]]
+
+
+@dataclass
+class Deployment:
+    """A backend's native reproduction of an engine, written into an export directory.
+
+    `artifact_name` is the engine file's name there; `files` the other files (name -> text, bytes, or a
+    file to copy) and `about` one line on each; `commands` are `reproduce.sh`'s lines, run from the
+    export directory; `needs` says what they need installed; `run` is how to use the engine (Markdown
+    for the export's README) and `notes` what a user must know about it.
+    """
+
+    artifact_name: str
+    files: dict[str, str | bytes | Path] = field(default_factory=dict)
+    about: dict[str, str] = field(default_factory=dict)
+    executables: tuple[str, ...] = ()
+    commands: list[str] = field(default_factory=list)
+    needs: str = ""
+    run: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
 class Runner(abc.ABC):
     """A loaded artifact that can run inference and time itself.
 
@@ -248,9 +286,15 @@ class Backend(abc.ABC):
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         """Load a built artifact for inference."""
 
-    def reproduce_command(self, route: Route) -> str | None:
-        """A native command that rebuilds `route` outside the tuner, where one exists."""
-        return None
+    def deployment(self, request: ExportRequest) -> Deployment:
+        """The files and commands that run (and rebuild) `request`'s engine outside the tuner, natively.
+
+        Runs where the study ran, from what the trial recorded (its route and `build_info`): the
+        compiler need not be importable.
+        """
+        return Deployment(artifact_name=f"engine{request.artifact.suffix}",
+                          notes=[f"The {self.name or type(self).__name__} backend has no native reproduction: "
+                                 "the engine file and route.json are what there is."])
 
     def learned_failure(self, route: Route, model: ModelInfo, work_dir: Path, model_sha: str, data_sha: str) -> tuple[str, str] | None:
         """(key, what) of a product `route` needs that already failed to build, or None.

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import json
-import shlex
-import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
 import optuna
 import typer
-from optuna.trial import FrozenTrial
 from rich.table import Table
 
 from tuner.backends.base import Backend
 from tuner.cli.common import JsonOpt, SpecArg, StorageOpt, console, context, err_console, fmt_ms
 from tuner.errors import TunerError
-from tuner.measure.inputs import file_hash
-from tuner.store.cache import ResultStore
+from tuner.export import export_choice, export_trial, route_space
+from tuner.export.describe import change_lines
 from tuner.study.outcome import is_feasible
-from tuner.study.verdict import SPEEDUP, UNCONFIRMED, Estimate, Headline, study_headline
+from tuner.study.verdict import UNCONFIRMED, Estimate, Headline, study_headline
 
 
 def status(spec: SpecArg, storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
@@ -84,34 +81,18 @@ def best(
     study = ctx.load()
     doc, head = best_document(ctx, study)
     if export is not None:
-        _export(ctx, doc, _export_choice(study, head, trial), export)
+        message = export_trial(ctx, doc, export_choice(study, head, trial), export)
+        err_console.print(message, highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps(doc))
         return
     console.print(head.sentence, highlight=False, soft_wrap=True)
-    route = ", ".join(f"{k}={v}" for k, v in doc["route"].items())
     study_line = f"; the study's own estimate {head.study.text()}" if head.study and head.verdict != UNCONFIRMED else ""
+    changed = change_lines(doc["route"], dict(study.user_attrs.get("default_route") or {}), route_space(ctx))
     console.print(f"  trial {doc['trial']}: {fmt_ms(doc['value'])} in the study, default route {fmt_ms(doc['baseline_value'])}{study_line}\n"
                   f"  {doc['accuracy']['metric']} = {doc['accuracy']['value']} (tolerance {doc['accuracy']['tolerance']})\n"
-                  f"  route: {route}", highlight=False, soft_wrap=True)
+                  f"  changes from the default route:\n" + "\n".join(f"    {line}" for line in changed), highlight=False, soft_wrap=True)
     console.print(f"  confirmation: {_confirmation_text(doc)}", highlight=False, soft_wrap=True)
-
-
-def _export_choice(study: optuna.Study, head: Headline, asked: int | None) -> tuple[FrozenTrial, str]:
-    """The trial `--export` writes and why: the one asked for, else what the verdict says."""
-    if asked is not None:
-        chosen = next((t for t in study.get_trials(deepcopy=False) if t.number == asked), None)
-        if chosen is None or not is_feasible(chosen):
-            raise TunerError(f"--trial {asked}: no feasible trial with that number in study {study.study_name!r}")
-        return chosen, f"trial {asked} as asked for with --trial (verdict: {head.verdict})"
-    if head.export_trial is None:
-        best = f"trial {head.trial.number}" if head.trial else "no route"
-        raise TunerError(f"not exporting: the study's verdict is {head.verdict} ({best} is not confirmed); run `tuner run` to confirm, "
-                         f"or export it anyway with --trial {head.trial.number if head.trial else 'N'}")
-    chosen = next(t for t in study.get_trials(deepcopy=False) if t.number == head.export_trial)
-    if head.verdict == SPEEDUP:
-        return chosen, f"the confirmed winner, trial {chosen.number}"
-    return chosen, f"the default route, trial {chosen.number}: the verdict is {head.verdict}"
 
 
 def _confirmation_text(doc: dict[str, Any]) -> str:
@@ -122,37 +103,6 @@ def _confirmation_text(doc: dict[str, Any]) -> str:
     if conf.get("study_best_trial") != doc["study_best_trial"]:
         return f"{conf['message']} [made when the best trial was {conf.get('study_best_trial')}; run `tuner run` again to re-confirm]"
     return str(conf["message"])
-
-
-def _export(ctx: Any, doc: dict[str, Any], choice: tuple[FrozenTrial, str], out: Path) -> None:
-    """Copy the chosen trial's artifact and write route.json, best.json and reproduce.sh into `out`."""
-    trial, reason = choice
-    sha = trial.user_attrs.get("artifact_sha256")
-    record = ResultStore(ctx.url).artifact(sha) if sha else None
-    if record is None or not Path(record.path).exists():
-        raise TunerError(f"the artifact of trial {trial.number} is not in this machine's work dir ({ctx.work_dir}); export it where the study ran")
-    out.mkdir(parents=True, exist_ok=True)
-    artifact = out / f"engine{Path(record.path).suffix}"
-    partial = artifact.with_name(artifact.name + ".partial")
-    shutil.copyfile(record.path, partial)
-    found = file_hash(partial)  # the copy is what is checked: nothing can change between check and copy
-    if found != sha:
-        partial.unlink()
-        raise TunerError(f"{record.path}: the artifact of trial {trial.number} has changed since it was recorded "
-                         f"(sha256 {found[:12]}, expected {sha[:12]}); not exported, rebuild it with `tuner build`")
-    partial.replace(artifact)
-    exported = {"trial": trial.number, "route": trial.params, "artifact_sha256": sha, "value": trial.value, "reason": reason}
-    (out / "route.json").write_text(json.dumps(trial.params, indent=2, sort_keys=True) + "\n")
-    (out / "best.json").write_text(json.dumps({**doc, "exported": exported}, indent=2) + "\n")
-    cmd = f"tuner build {shlex.quote(str(ctx.spec.path))} --route {shlex.quote(str((out / 'route.json').resolve()))} --out {shlex.quote(str(out.resolve() / 'rebuilt'))}"
-    native = ctx.backend.reproduce_command(trial.params)
-    lines = ["#!/bin/sh", "# Rebuild and re-measure the exported route (ship engine file itself: rebuilds may differ).", cmd]
-    if native:
-        lines += ["# Native equivalent:", f"# {native}"]
-    script = out / "reproduce.sh"
-    script.write_text("\n".join(lines) + "\n")
-    script.chmod(0o755)
-    err_console.print(f"exported {reason} to {out}: {artifact.name} (sha256 {sha[:12]}), route.json, reproduce.sh", highlight=False, soft_wrap=True)
 
 
 def space(spec: SpecArg) -> None:

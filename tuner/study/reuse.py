@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.backends import get_backend
-from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, Deployment, ExportRequest, ModelInfo, Runner
 from tuner.measure.inputs import file_hash
 from tuner.space import Route, SearchSpace
 
@@ -69,5 +69,5 @@ class StoredArtifactBackend(Backend):
             ctx.log(f"stored artifact does not load here ({type(exc).__name__}: {exc}); rebuilding")
             return self.inner.load(self.inner.build(route, ctx), route, ctx)
 
-    def reproduce_command(self, route: Route) -> str | None:
-        return self.inner.reproduce_command(route)
+    def deployment(self, request: ExportRequest) -> Deployment:
+        return self.inner.deployment(request)

@@ -85,7 +85,8 @@ class Worker:
         self.study_id = oa.study_id(self.study)
         self.leases = Leases(ctx.url, self.spec.study)
         self.results = ResultStore(ctx.url)
-        self.env_id = self.results.record_environment(self._environment())
+        self.environment = self._environment()  # recorded with each trial: where it was measured (an export's README says)
+        self.env_id = self.results.record_environment(self.environment)
         self.gate = BaselineGate(ctx.work_dir)
         self.holding_gate = ExitStack()  # the baseline gate, while this worker evaluates the baseline trial
         self.racer = Racer(ctx, self.study, self.results, self.name, self.stop.child)
@@ -274,7 +275,7 @@ class Worker:
             backend=self.ctx.backend.name, backend_version=self.ctx.backend.version(), environment_id=self.env_id,
             route=route, options=spec.backend.options, measure=measure_settings(spec),
         )
-        extra: dict[str, Any] = {"cache_key": key[:16], "cache_hit": False}
+        extra: dict[str, Any] = {"cache_key": key[:16], "cache_hit": False, "environment": self.environment}
         reason = self.ctx.space.check(route)
         if reason:
             return J.Result(status=J.INVALID_ROUTE, message=reason), extra

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, Deployment, ExportRequest, ModelInfo, Option, Runner
 from tuner.backends.device import cpu_fingerprint
 from tuner.space import Route, SearchSpace
 
@@ -56,6 +56,12 @@ class OnnxRuntimeBackend(Backend):
         from tuner.backends.onnxruntime.run import OrtRunner
 
         return OrtRunner(artifact, route)
+
+    def deployment(self, request: ExportRequest) -> Deployment:
+        """engine.onnx, session.json (the measured session by ONNX Runtime's names) and run_onnxruntime.py."""
+        from tuner.backends.onnxruntime.export import deployment
+
+        return deployment(request)
 
     def learned_failure(self, route: Route, model: ModelInfo, work_dir: Path, model_sha: str, data_sha: str) -> tuple[str, str] | None:
         from tuner.backends.onnxruntime.products import FailureBook, products

@@ -19,7 +19,7 @@ from tuner.backends.base import Artifact, BuildContext, BuildError
 from tuner.backends.onnxruntime.products import FailureBook, Product, fusion_switches, products, sensitivity_key
 from tuner.backends.onnxruntime.quant_space import recommendation
 from tuner.backends.onnxruntime.recipe import QuantOptions
-from tuner.backends.onnxruntime.session import PROVIDERS, graph_level, mark_load_level
+from tuner.backends.onnxruntime.session import AT_LOAD, OFFLINE, PROVIDERS, graph_level, mark_load_level
 from tuner.errors import first_line
 from tuner.files import atomic_path
 from tuner.measure.inputs import feeds_hash, file_hash
@@ -27,7 +27,6 @@ from tuner.precision import VariantOptions, make_variant
 from tuner.space import Route
 
 T = TypeVar("T")
-OFFLINE, AT_LOAD = "offline", "at-load"  # how the artifact's graph optimisation is applied (Artifact.info)
 
 
 def build(route: Route, ctx: BuildContext) -> Artifact:

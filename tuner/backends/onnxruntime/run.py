@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from tuner.backends.base import Artifact, Feed, Runner
-from tuner.backends.onnxruntime.session import OFFLINE, marked_level, session_settings
+from tuner.backends.onnxruntime.session import AS_IS, marked_level, session_settings
 from tuner.backends.onnxruntime.standalone import open_session
 from tuner.space import Route
 
@@ -16,10 +16,10 @@ class OrtRunner(Runner):
     """An InferenceSession over the artifact at the graph optimisation level it asks for (off when optimised offline)."""
 
     def __init__(self, artifact: Artifact, route: Route) -> None:
-        self.settings: dict[str, Any] = session_settings(route, OFFLINE)
+        self.settings: dict[str, Any] = session_settings(route, AS_IS)
         self.session = open_session(artifact.path, self.settings)
         level = marked_level(self.session)
-        if level != OFFLINE:  # a variant whose offline-optimised file did not load: optimised now, as it was timed
+        if level != AS_IS:  # a variant whose offline-optimised file did not load: optimised now, as it was timed
             del self.session
             self.settings = session_settings(route, level)
             self.session = open_session(artifact.path, self.settings)

@@ -16,7 +16,8 @@ from tuner.space import Route
 
 LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
-OFFLINE = "ORT_DISABLE_ALL"  # an offline-optimised file is loaded as it is
+AS_IS = "ORT_DISABLE_ALL"  # the level an offline-optimised file is loaded at: as it is
+OFFLINE, AT_LOAD = "offline", "at-load"  # how an artifact's graph optimisation was applied (its `graph_optimization`)
 LOAD_LEVEL_KEY = "route_tuner.graph_optimization_level"  # metadata of an artifact optimised at load instead
 
 # Every session the tuner times stops its thread pools spinning when a run ends (ONNX Runtime's default keeps
@@ -31,7 +32,7 @@ def graph_level(route: Route) -> str:
     return LEVELS[str(route.get("int8_graph_level", route.get("graph_optimization_level", "all")))]
 
 
-def session_settings(route: Route, load_level: str = OFFLINE) -> dict[str, Any]:
+def session_settings(route: Route, load_level: str = AS_IS) -> dict[str, Any]:
     """The session options, config entries and providers `route` is timed with, by ONNX Runtime's names."""
     providers = PROVIDERS[str(route["provider"])]
     return {
@@ -56,7 +57,7 @@ def marked_level(session: Any) -> str:
     Read from the session's model metadata, so the runner opens a session once for an offline-optimised
     file (and a second time, at the marked level, for a variant optimised at load).
     """
-    return str(session.get_modelmeta().custom_metadata_map.get(LOAD_LEVEL_KEY, OFFLINE))
+    return str(session.get_modelmeta().custom_metadata_map.get(LOAD_LEVEL_KEY, AS_IS))
 
 
 def mark_load_level(source: Path, out: Path, level: str) -> None:

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, Deployment, ExportRequest, ModelInfo, Option, Runner
 from tuner.backends.device import cpu_fingerprint
 from tuner.backends.replay.landscape import Landscape, load_landscape
 from tuner.errors import TunerError
@@ -104,6 +104,13 @@ class ReplayBackend(Backend):
         from tuner.backends.replay.build import build
 
         return build(self._landscape(ctx.model), route, ctx, self.landscape is not None)
+
+    def deployment(self, request: ExportRequest) -> Deployment:
+        """Nothing native: a replayed trial built no engine; its numbers come from the recorded landscape."""
+        meta = landscape_of(request.model).meta
+        return Deployment(artifact_name=f"replay{request.artifact.suffix}", notes=[
+            f"A replayed trial: no engine was built. Its numbers come from the landscape {LANDSCAPE.get(request.model.options)}, "
+            f"recorded with the {meta['backend']} backend; rebuild the route with that backend (route.json) to deploy it."])
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         from tuner.backends.replay.build import fail_if, read_round, trial_rng

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tuner.backends import get_backend
-from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, Deployment, ExportRequest, Feed, ModelInfo, Runner
 from tuner.backends.replay.landscape import Outputs, feed_key
 from tuner.measure.inputs import read_groups, save_groups
 from tuner.space import Route, SearchSpace, route_hash
@@ -64,6 +64,10 @@ class CaptureBackend(Backend):
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         backend, inner = _inner(ctx.model)
         return backend.build(route, replace(ctx, model=inner))
+
+    def deployment(self, request: ExportRequest) -> Deployment:
+        backend, inner = _inner(request.model)
+        return backend.deployment(replace(request, model=inner))
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         backend, inner = _inner(ctx.model)
