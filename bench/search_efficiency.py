@@ -126,7 +126,10 @@ def run_all(scenarios: Sequence[Scenario], names: Sequence[str], seeds: int, bud
             sc, name, seed, r = one_run(task)
             runs[sc][name].append({"seed": seed, **r})
             _progress(i, len(tasks), t0)
-    return {sc: {n: _summary(sorted(rs, key=lambda r: r["seed"]), budget) for n, rs in by.items()} for sc, by in runs.items()}
+    missing = [(sc, n) for sc, by in runs.items() for n, rs in by.items() if len(rs) != seeds]
+    if missing:
+        print(f"warning: runs missing for {missing}", file=sys.stderr)
+    return {sc: {n: _summary(sorted(rs, key=lambda r: r["seed"]), budget) for n, rs in by.items() if rs} for sc, by in runs.items()}
 
 
 def _progress(i: int, n: int, t0: float) -> None:
@@ -196,7 +199,7 @@ def choose_default(doc: dict[str, Any], current: str | None = None) -> dict[str,
     tuning = [n for n, sc in doc["scenarios"].items() if not sc["held_out"]]
     key = f"delivered_within_2pct_at_{CHOICE_BUDGET}"
     table = {}
-    for strat in (s for s in doc["strategies"] if STRATEGIES[s].candidate):
+    for strat in (s for s in doc["strategies"] if STRATEGIES[s].candidate and all(s in doc["results"][sc] for sc in tuning)):
         shares = [doc["results"][sc][strat][key]["share"] for sc in tuning]
         table[strat] = {"min_share": min(shares), "mean_share": round(sum(shares) / len(shares), 5), "shares": dict(zip(tuning, shares))}
     best = max(table, key=lambda n: (table[n]["min_share"], table[n]["mean_share"], n == current))
@@ -228,7 +231,7 @@ def _table(doc: dict[str, Any], metric: str, title: str, fmt: str, names: Sequen
     budget = doc["settings"]["budget"]
     lines = ["", f"**{title}**", "", "| Strategy | " + " | ".join(_col(doc, n) for n in names) + " |", "|---|" + "---|" * len(names)]
     for strat in doc["strategies"]:
-        if all(metric in doc["results"][sc][strat] for sc in names):
+        if all(metric in doc["results"][sc].get(strat, {}) for sc in names):
             lines.append(f"| `{strat}` | " + " | ".join(_cell(doc["results"][sc][strat][metric], fmt, budget) for sc in names) + " |")
     return lines
 
@@ -320,7 +323,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
               "random": dict(color="tab:gray", ls="--", lw=2), "gpt-fast": dict(color="tab:red", lw=2),
               "gpt-mixed": dict(color="tab:orange", lw=2), "olive": dict(color="tab:purple", lw=2)}
     for ax, name in zip(axes.flat, names):
-        for strat in (s for s in doc["strategies"] if s in styles):
+        for strat in (s for s in doc["strategies"] if s in styles and s in doc["results"][name]):
             curve = doc["results"][name][strat]["median_delivered_curve"]
             y = [c if c is not None else float("nan") for c in curve]
             ax.plot(range(1, len(y) + 1), y, label=strat, **styles[strat])
