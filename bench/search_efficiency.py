@@ -104,7 +104,10 @@ def one_run(task: tuple[Scenario, str, int, int]) -> tuple[str, str, int, dict[s
     scenario, name, seed, budget = task
     truth = truth_for(scenario)
     t0 = time.perf_counter()
-    run = STRATEGIES[name].run(truth, budget, seed, drift_share(scenario))
+    try:
+        run = STRATEGIES[name].run(truth, budget, seed, drift_share(scenario))
+    except StopIteration as exc:  # would end the pool's result iteration silently
+        raise RuntimeError(f"{scenario.name}/{name}/seed {seed}: StopIteration") from exc
     result = score(run, truth, budget)
     result["seconds"] = round(time.perf_counter() - t0, 3)
     return scenario.name, name, seed, result

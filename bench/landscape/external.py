@@ -141,7 +141,7 @@ class Smac:
 
         try:
             info = self.smac.ask()
-        except ConfigurationSpaceExhaustedException:
+        except (ConfigurationSpaceExhaustedException, StopIteration):
             return None  # SMAC proposes no configuration twice: it has tried them all
         return info, [int(info.config.get(n, "0")) for n in self.names]
 
