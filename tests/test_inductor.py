@@ -271,3 +271,31 @@ def test_inductor_study_end_to_end(tmp_path: Path, mlp: tuple[Path, Any], write_
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
+
+
+def test_the_export_snippet_compiles_the_route_as_the_trial_did(tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str) -> None:
+    pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
+    import os
+
+    from tuner.backends.base import ExportRequest
+
+    model, feeds = mlp
+    backend = get_backend("inductor")
+    route = {**backend.space(ModelInfo(model, {"x": SHAPE}, {"device": "cpu"})).default_route(), "freezing": True}
+    artifact = backend.build(route, _ctx(tmp_path, model, feeds, {"device": "cpu"}))
+    recorded = json.loads(json.dumps(dict(artifact.info), default=str))  # as the trial's build_info keeps it
+    request = ExportRequest(route=route, artifact=artifact.path, build_info=recorded, model=ModelInfo(model, {"x": SHAPE}, {"device": "cpu"}),
+                            work_dir=tmp_path / "work", backend_version=backend.version(),
+                            inputs={"x": {"shape": list(SHAPE), "dtype": "float32", "batch_axis": 0}}, shapes=[])
+    d = backend.deployment(request)
+    assert d.artifact_name == "inductor.tar" and d.files["model.onnx"] == model and d.commands == ["python3 compile_inductor.py"]
+    snippet = str(d.files["compile_inductor.py"])
+    assert "torch.compile(module, options=OPTIONS)" in snippet and "'freezing': True" in snippet  # the recorded configuration
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "compile_inductor.py").write_text(snippet)
+    (out / "model.onnx").write_bytes(model.read_bytes())
+    ran = subprocess.run([sys.executable, str(out / "compile_inductor.py")], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": shared_cache})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip().splitlines()[-1] == "[[2, 4]]"

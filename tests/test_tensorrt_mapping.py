@@ -254,14 +254,17 @@ def test_timing_cache_policies(tmp_path: Path) -> None:
     fresh, shared = TimingCache("fresh", tmp_path, "tensorrt 11.4 / H200"), TimingCache("shared", tmp_path, "tensorrt 11.4 / H200")
     first = RecordingTimingCacheConfig()
     shared.attach(first)
-    shared.save(first)
+    kept = shared.save(first, "a" * 64)
     assert first.loaded == b"" and shared.path.read_bytes() == b"timings"
+    assert kept.read_bytes() == b"timings" and kept.name == "a" * 64 + ".cache"  # the engine's own copy, for its export
     second = RecordingTimingCacheConfig()
     shared.attach(second)
     assert second.loaded == b"timings"  # the next build starts from the shared cache
     third = RecordingTimingCacheConfig()
     fresh.attach(third)
     assert third.loaded == b""  # fresh ignores it
+    (shared.path).write_bytes(b"older")
+    assert fresh.save(third, "b" * 64).read_bytes() == b"timings" and shared.path.read_bytes() == b"older"  # fresh: kept per engine only
     with pytest.raises(BuildError, match="timing_cache"):
         TimingCache("sometimes", tmp_path, "x")
 

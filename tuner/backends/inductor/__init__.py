@@ -14,7 +14,7 @@ import contextlib
 from importlib import metadata
 from typing import Any
 
-from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, Deployment, ExportRequest, ModelInfo, Runner
 from tuner.backends.device import cpu_fingerprint
 from tuner.backends.inductor.space import INSTALL, OPTIONS
 from tuner.space import Route, SearchSpace
@@ -53,6 +53,12 @@ class InductorBackend(Backend):
         from tuner.backends.inductor.build import build
 
         return build(route, ctx)
+
+    def deployment(self, request: ExportRequest) -> Deployment:
+        """inductor.tar (the generated code), the model, and compile_inductor.py: the torch.compile call and its configuration."""
+        from tuner.backends.inductor.export import deployment
+
+        return deployment(request)
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         """A runner for `artifact`: the engine its build handed over in this process, else its route recompiled from the shared cache."""

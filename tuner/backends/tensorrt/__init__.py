@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Runner
+from tuner.backends.base import Artifact, Backend, BuildContext, Deployment, ExportRequest, ModelInfo, Runner
 from tuner.backends.tensorrt.options import CUDA_GRAPH, OPTIONS
 from tuner.space import Route, SearchSpace
 
@@ -68,6 +68,12 @@ class TensorRTBackend(Backend):
         from tuner.backends.tensorrt.version import load_trt
 
         return build(load_trt(), route, ctx, device_facts())
+
+    def deployment(self, request: ExportRequest) -> Deployment:
+        """engine.plan, the ONNX it was built from, its timing cache, trtexec.sh and build_engine.py (needs no TensorRT here)."""
+        from tuner.backends.tensorrt.export import deployment
+
+        return deployment(request)
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         from tuner.backends.tensorrt.run import TrtRunner

@@ -17,6 +17,7 @@ from tuner.backends.base import Artifact, BuildContext, BuildError
 from tuner.backends.tensorrt.cuda import DeviceFacts
 from tuner.backends.tensorrt.gpt import apply_route, compose_route, parse_knob_database
 from tuner.backends.tensorrt.options import TIMING_CACHE, TIMING_CACHE_POLICIES
+from tuner.backends.tensorrt.recipe import Call, RecordingConfig
 from tuner.backends.tensorrt.space import LEGACY_TACTICS, TACTICS, UNSET
 from tuner.backends.tensorrt.version import Features, TrtApi
 from tuner.files import atomic_write
@@ -97,6 +98,13 @@ def gpt_route(features: Features, config: Any, route: Route) -> str | None:
     return route_string
 
 
+def configure_recorded(trt: Any, features: Features, config: Any, route: Route, device: DeviceFacts) -> tuple[str | None, list[Call]]:
+    """`configure` and `gpt_route` on `config`, recorded (`recipe.RecordingConfig`): the route string and the calls made."""
+    recording = RecordingConfig(config, trt)
+    configure(trt, features, recording, route, device)
+    return gpt_route(features, recording, route), recording.calls
+
+
 def make_logger(trt: Any) -> Any:
     """An ILogger keeping warnings and errors (they explain a failed parse or build)."""
 
@@ -151,16 +159,23 @@ def _describe(error: Any) -> str:
     return f"{error.node_name() or '?'} ({error.node_operator() or '?'}): {error.desc()}"
 
 
-def add_profile(builder: Any, network: Any, config: Any, shapes: dict[str, tuple[int, ...]]) -> None:
-    """One optimization profile with min = opt = max = the study's input shapes."""
+def add_profile(builder: Any, network: Any, config: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
+    """One optimization profile with min = opt = max = the study's input shapes; what it set, per input.
+
+    Each input's record has its `min`, `opt` and `max` shapes and whether the network left a dimension
+    of it dynamic (only those are named to trtexec, which refuses shapes for a static network).
+    """
     profile = builder.create_optimization_profile()
+    record: dict[str, dict[str, Any]] = {}
     for i in range(network.num_inputs):
         tensor = network.get_input(i)
         shape = tuple(shapes.get(tensor.name, tuple(tensor.shape)))
         if any(d < 0 for d in shape):
             raise BuildError(f"input {tensor.name} has dynamic shape {shape}; give its shape in [model] inputs")
         profile.set_shape(tensor.name, shape, shape, shape)
+        record[tensor.name] = {"min": list(shape), "opt": list(shape), "max": list(shape), "dynamic": any(d < 0 for d in tensor.shape)}
     config.add_optimization_profile(profile)
+    return record
 
 
 class TimingCache:
@@ -180,11 +195,15 @@ class TimingCache:
         if not config.set_timing_cache(cache, False):
             raise BuildError("TensorRT refused the timing cache")
 
-    def save(self, config: Any) -> None:
-        """Write the updated cache back (shared policy; atomic, the last writer wins)."""
-        if self.policy != "shared":
-            return
-        atomic_write(self.path, bytes(memoryview(config.get_timing_cache().serialize())))
+    def save(self, config: Any, engine_sha256: str) -> Path:
+        """Keep the cache as this build left it, by the engine's hash (what an export ships as timing.cache); the
+        shared policy also writes it back (atomic, the last writer wins). Returns where the engine's copy is."""
+        data = bytes(memoryview(config.get_timing_cache().serialize()))
+        if self.policy == "shared":
+            atomic_write(self.path, data)
+        kept = self.path.parent / "engines" / f"{engine_sha256}.cache"
+        atomic_write(kept, data)
+        return kept
 
 
 def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> Artifact:
@@ -201,9 +220,8 @@ def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> 
     network = builder.create_network(network_flags(trt, features, route))
     parse(trt, network, variant, logger)
     config = builder.create_builder_config()
-    configure(trt, features, config, route, device)
-    route_string = gpt_route(features, config, route)
-    add_profile(builder, network, config, dict(ctx.model.input_shapes))
+    route_string, calls = configure_recorded(trt, features, config, route, device)
+    profile = add_profile(builder, network, config, dict(ctx.model.input_shapes))
     timing_cache = TimingCache(str(TIMING_CACHE.get(ctx.model.options)), ctx.work_dir, api.label)
     timing_cache.attach(config)
     monitor = make_monitor(trt, ctx.deadline_s)
@@ -213,12 +231,15 @@ def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> 
         if monitor.cancelled:
             raise BuildTimeout("build cancelled by the progress monitor: the trial's deadline passed")
         raise BuildError(f"build_serialized_network returned None: {logged_errors(logger) or 'no error logged'}")
-    timing_cache.save(config)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     out = ctx.out_dir / "engine.plan"
     data = bytes(memoryview(serialized))
+    sha = hashlib.sha256(data).hexdigest()
+    kept_cache = timing_cache.save(config, sha)
     out.write_bytes(data)
+    flags = network_flags(trt, features, route)
     return Artifact(out, time.perf_counter() - t0, {
-        "sha256": hashlib.sha256(data).hexdigest(), "variant": variant.name, "trt": api.label,
-        "timing_cache": timing_cache.policy, "build_route": route_string, "network_flags": network_flags(trt, features, route),
+        "sha256": sha, "variant": variant.name, "trt": api.label, "timing_cache": timing_cache.policy, "build_route": route_string,
+        "network_flags": flags, "builder": {"config": calls, "profile": profile, "strongly_typed": bool(flags),
+                                            "variant_path": str(variant), "timing_cache_file": str(kept_cache)},
     })
