@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tuner
+from tests.models import conv_model
 from tests.test_tensorrt_mapping import KNOB_DB
 from tuner.backends.base import ModelInfo
 from tuner.backends.tensorrt import TensorRTBackend
@@ -105,7 +106,7 @@ def test_rtx_is_detected_and_offers_no_gpt_knobs(stand_in: Path) -> None:
     (stand_in / "tensorrt_rtx.py").write_text('"""Stand-in for TensorRT-RTX 1.7 (version only)."""\n__version__ = "1.7.1.116"\n')
     backend = TensorRTBackend()
     assert backend.version() == "tensorrt_rtx 1.7.1.116"
-    space = backend.space(ModelInfo(Path("m.onnx"), {}))
+    space = backend.space(ModelInfo(conv_model(stand_in / "m.onnx"), {}))
     assert not any(n.startswith("knob:") for n in space.names())
     assert "tiling_optimization_level" in space.names() and "builder_precision" not in space.names()
 
@@ -113,7 +114,7 @@ def test_rtx_is_detected_and_offers_no_gpt_knobs(stand_in: Path) -> None:
 def test_knob_database_is_probed_in_a_child_and_recorded(stand_in: Path) -> None:
     (stand_in / "tensorrt.py").write_text(STAND_IN_TRT_11.format(knobs=json.dumps(KNOB_DB)))
     backend = TensorRTBackend()
-    model = ModelInfo(Path("m.onnx"), {}, {"gpt_knobs": {"-cask_fusion:num_tactics": [10, 20]}})
+    model = ModelInfo(conv_model(stand_in / "m.onnx"), {}, {"gpt_knobs": {"-cask_fusion:num_tactics": [10, 20]}})
     space = backend.space(model)
     knobs = [n for n in space.names() if n.startswith("knob:")]
     assert knobs == ["knob:-kgen:codegen:cuda_tile", "knob:-conv_lowering", "knob:-match_ragged_mha", "knob:-cask_fusion:num_tactics"]

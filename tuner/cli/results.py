@@ -115,6 +115,9 @@ def space(spec: SpecArg) -> None:
         t.add_row(p.name, ", ".join(map(str, p.choices)), str(p.default), p.help)
     console.print(t)
     console.print(f"{len(ctx.space.routes())} routes")
+    for p in ctx.space.params:  # why some values are not offered for this model (e.g. it is already quantized)
+        if p.why:
+            console.print(f"{p.name}: {p.why}", highlight=False, markup=False)
     steps = ctx.backend.preparation(ctx.model_info, ctx.space, ctx.work_dir, log=lambda _: None)
     if steps:
         console.print("model preparation before int8 variants (once, cached by content):")

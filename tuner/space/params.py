@@ -28,7 +28,8 @@ class Param:
     """One build-route knob.
 
     `when` decides from the values chosen so far whether this knob applies at all (an inactive knob
-    is neither sampled nor part of the route). `help` is shown by `tuner space`.
+    is neither sampled nor part of the route). `help` is shown by `tuner space`; `why`, where set,
+    says why some values are not offered here (it ends the error for a restriction that names one).
     """
 
     name: str
@@ -36,6 +37,7 @@ class Param:
     default: Value
     help: str = ""
     when: Callable[[Mapping[str, Value]], bool] | None = None
+    why: str = ""
 
     def __post_init__(self) -> None:
         if self.default not in self.choices:
@@ -88,7 +90,7 @@ class SearchSpace:
                 raise ValueError(f"{p.name}: needs at least one value")
             bad = [v for v in values if not _member(v, p.choices)]
             if bad:
-                raise ValueError(f"{p.name}: {bad!r} not among {list(p.choices)!r}")
+                raise ValueError(f"{p.name}: {bad!r} not among {list(p.choices)!r}" + (f"; {p.why}" if p.why else ""))
             if not _member(p.default, values):
                 raise ValueError(f"{p.name}: must keep the default {p.default!r} (the baseline route)")
             params.append(replace(p, choices=tuple(_normalise(v, p.choices) for v in values)))

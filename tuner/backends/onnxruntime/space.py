@@ -7,7 +7,10 @@ import os
 from tuner.backends.base import ModelInfo
 from tuner.backends.onnxruntime.products import FUSIONS
 from tuner.backends.onnxruntime.quant_space import model_op_types, quant_params
+from tuner.precision.given import AS_GIVEN, given_precision
 from tuner.space import Param, SearchSpace
+
+PRECISIONS = ("fp32", "fp16", "int8_dynamic", "int8_static")
 
 
 def _threads() -> tuple[int, ...]:
@@ -25,13 +28,18 @@ def _providers() -> tuple[str, ...]:
 def ort_space(model: ModelInfo) -> SearchSpace:
     """The space for `model`; transformer fusions appear when `backend.options.model_type` is set."""
     providers = _providers()
+    given = given_precision(model.path)  # an already quantized or fp16 model takes no further variant
     params: list[Param] = [
         Param("provider", providers, providers[0], "execution provider"),
-        Param("precision", ("fp32", "fp16", "int8_dynamic", "int8_static"), "fp32", "precision variant of the ONNX graph"),
-        Param("keep_fp32", ("sensitive", "norm_softmax", "none"), "sensitive", "ops kept in fp32 in an fp16 graph",
-              when=lambda r: r["precision"] == "fp16"),
-        *quant_params(model_op_types(model.path)),
+        Param("precision", given.applicable(PRECISIONS), AS_GIVEN, "precision variant of the ONNX graph",
+              why=given.note),
     ]
+    if not given.reduced:  # the knobs of the variants (none for a model that takes no variant)
+        params += [
+            Param("keep_fp32", ("sensitive", "norm_softmax", "none"), "sensitive", "ops kept in fp32 in an fp16 graph",
+                  when=lambda r: r["precision"] == "fp16"),
+            *quant_params(model_op_types(model.path)),
+        ]
     if model.options.get("model_type"):
         params.append(Param("transformer_fusion", (False, True), False, "run ONNX Runtime's transformer optimizer"))
         params.extend(

@@ -36,9 +36,10 @@ class TensorRTBackend(Backend):
         from tuner.backends.tensorrt.probe import knob_database
         from tuner.backends.tensorrt.space import trt_space
         from tuner.backends.tensorrt.version import load_trt
+        from tuner.precision.given import given_precision
 
         api = load_trt()
-        return trt_space(api.features, model, knob_database(api))
+        return trt_space(api.features, model, knob_database(api), given_precision(model.path))
 
     def study_attrs(self, model: ModelInfo) -> dict[str, Any]:
         """Recorded with a new study: the TensorRT module and its GPT knob database's version and default route."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from tuner.backends.base import ModelInfo
 from tuner.backends.tensorrt.gpt import KnobDatabase, knob_params
 from tuner.backends.tensorrt.version import Features
+from tuner.precision.given import AS_GIVEN, GivenPrecision
 from tuner.space import Param, SearchSpace
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8_static", "fp8_static")
@@ -17,23 +18,24 @@ TILING = ("NONE", "FAST", "MODERATE", "FULL")
 # Tactic-source parameters -> TacticSource member names; the legacy ones exist on 10.x only.
 TACTICS = {"tactic_edge_mask": "EDGE_MASK_CONVOLUTIONS", "tactic_jit": "JIT_CONVOLUTIONS"}
 LEGACY_TACTICS = {"tactic_cublas": "CUBLAS", "tactic_cublas_lt": "CUBLAS_LT", "tactic_cudnn": "CUDNN"}
+FP32 = GivenPrecision(AS_GIVEN)
 UNSET = -1  # "leave TensorRT's own default/heuristic" for integer knobs
 
 
-def trt_space(features: Features, model: ModelInfo, knobs: KnobDatabase) -> SearchSpace:
-    """The space TensorRT `features` offers for `model`, with the GPT knobs of `knobs`."""
-    params = _precision(features) + _builder(features) + _tactics(features)
+def trt_space(features: Features, model: ModelInfo, knobs: KnobDatabase, given: GivenPrecision = FP32) -> SearchSpace:
+    """The space TensorRT `features` offers for `model`, with the GPT knobs of `knobs` (`given`: the model's precision)."""
+    params = _precision(features, given) + _builder(features) + _tactics(features)
     if features.gpt_api:
         params += knob_params(knobs, model.options)
     return SearchSpace(tuple(params))
 
 
-def _precision(features: Features) -> list[Param]:
-    params = [
-        Param("precision", PRECISIONS, "fp32", "ONNX variant the engine is built from (strong typing: the graph's types)"),
-        Param("keep_fp32", ("sensitive", "norm_softmax", "none"), "sensitive", "ops kept in fp32 in an fp16/bf16 variant",
-              when=lambda r: r["precision"] in ("fp16", "bf16")),
-    ]
+def _precision(features: Features, given: GivenPrecision) -> list[Param]:
+    params = [Param("precision", given.applicable(PRECISIONS), AS_GIVEN,
+                    "ONNX variant the engine is built from (strong typing: the graph's types)", why=given.note)]
+    if not given.reduced:  # a model that takes no variant has no variant knobs
+        params.append(Param("keep_fp32", ("sensitive", "norm_softmax", "none"), "sensitive",
+                            "ops kept in fp32 in an fp16/bf16 variant", when=lambda r: r["precision"] in ("fp16", "bf16")))
     if features.weak_typing:
         params.append(Param("builder_precision", ("none", "fp16", "bf16", "fp16_obey"), "none",
                             "10.x weak typing: 'none' builds a strongly typed network; otherwise the FP16/BF16 "
