@@ -143,3 +143,18 @@ trial_timeout_s = 600
     assert ran["samples"] == 16 and list(ran["outputs"].values()) == [[1, 1000]]
     readme = (out / "README.md").read_text()
     assert "precision variant of the ONNX graph (precision): fp32 -> int8_static" in readme
+
+
+def test_changes_are_the_knobs_that_differ_from_the_default_route_in_the_spaces_words() -> None:
+    from tuner.export.describe import change_lines
+    from tuner.space import Param, SearchSpace
+
+    space = SearchSpace((Param("precision", ("fp32", "fp16"), "fp32", "precision variant"),
+                         Param("keep", ("a", "b"), "a", "ops kept in fp32", when=lambda r: r["precision"] == "fp16"),
+                         Param("threads", (0, 1), 0, "intra-op threads")))
+    default = space.default_route()
+    assert change_lines(default, default, space) == ["nothing: this is the default route"]
+    assert change_lines(space.complete({"precision": "fp16", "threads": 1}), default, space) == [
+        "precision variant (precision): fp32 -> fp16", "ops kept in fp32 (keep): not used by the default route -> a (the knob's default)",
+        "intra-op threads (threads): 0 -> 1"]
+    assert change_lines({**default, "threads": 1}, default) == ["threads: 0 -> 1"]  # no space here (e.g. no TensorRT): names only

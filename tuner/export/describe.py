@@ -17,11 +17,13 @@ class Change:
     about: str  # the knob's description, as `tuner space` shows it
     default: Any
     value: Any
+    own_default: bool = False  # a knob the default route lacks, set to its own default
 
     def text(self) -> str:
         """`precision variant of the ONNX graph (precision): fp32 -> int8_static`."""
         was = "not used by the default route" if self.default is None else str(self.default)
-        return f"{self.about or self.name} ({self.name}): {was} -> {self.value}"
+        knob = f"{self.about} ({self.name})" if self.about else self.name
+        return f"{knob}: {was} -> {self.value}" + (" (the knob's default)" if self.own_default else "")
 
 
 def changes(route: Mapping[str, Any], default_route: Mapping[str, Any], space: SearchSpace | None = None) -> list[Change]:
@@ -30,8 +32,9 @@ def changes(route: Mapping[str, Any], default_route: Mapping[str, Any], space: S
     A knob the default route does not have (a conditional one, e.g. the ops kept in fp32 of an fp16
     graph) is a change too, whatever its value.
     """
-    about = {p.name: p.help for p in space.params} if space is not None else {}
-    return [Change(name, about.get(name, ""), default_route.get(name), value)
+    params = {p.name: p for p in space.params} if space is not None else {}
+    return [Change(name, params[name].help if name in params else "", default_route.get(name), value,
+                   name not in default_route and name in params and params[name].default == value)
             for name, value in route.items() if name not in default_route or default_route[name] != value]
 
 
