@@ -13,6 +13,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tuner.backends.base import Artifact, BuildContext, ModelInfo, Option
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
@@ -89,6 +90,13 @@ class FaultBackend(OnnxRuntimeBackend):
             shutil.copyfile(artifact.path, outside)
             return replace(artifact, path=outside)
         return artifact
+
+
+class OtherHostBackend(OnnxRuntimeBackend):
+    """ONNX Runtime whose device fingerprint names the CPU `$TUNER_TEST_CPU`: a stand-in for a host with other hardware."""
+
+    def device(self) -> dict[str, Any]:
+        return {**super().device(), "cpu": os.environ.get("TUNER_TEST_CPU", "test cpu")}
 
 
 class SameEngineBackend(OnnxRuntimeBackend):

@@ -21,3 +21,8 @@ def cpu_fingerprint() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": model, "cores": os.cpu_count() or 1, "os": platform.system(), "machine": platform.machine()}
+
+
+def hardware(device: dict[str, Any]) -> str:
+    """The hardware a device fingerprint describes, for telling hosts apart: its GPU's name, else its CPU's model."""
+    return str(device.get("gpu") or device.get("cpu") or device.get("machine") or "unknown")

@@ -16,7 +16,7 @@ from tuner.errors import TunerError
 from tuner.store.db import db_retry, is_db_fault
 from tuner.store.urls import mask_url
 from tuner.study.gc import enforce_cap
-from tuner.study.setup import Context, prepare
+from tuner.study.setup import Context, claim_device, prepare
 from tuner.study.summary import Summary, summarize_study
 from tuner.study.verdict import study_headline
 from tuner.worker.pool import Pool
@@ -38,6 +38,8 @@ def run(
     budget = trials or ctx.spec.run.budget
     gpu_list = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else []
     study = prepare(ctx)
+    if not gpu_list:
+        claim_device(ctx)  # CPU workers share this machine: refuse other hardware here, once (GPU workers check theirs)
     study.set_user_attr("budget", budget)
     pool = Pool(ctx.spec.path, ctx.url, budget, workers or ctx.spec.run.workers, gpu_list)
     err_console.print(f"study {ctx.spec.study} on {mask_url(ctx.url)}: budget {budget}, "

@@ -28,7 +28,7 @@ _SECTIONS: dict[str, set[str]] = {
     "objective": {name for name, _, _ in objective_settings()},
     "backend": {"name", "space", "options"},
     "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials", "racing",
-            "keep_best", "max_disk_mb"},
+            "keep_best", "max_disk_mb", "mix_devices"},
 }
 
 
@@ -328,6 +328,7 @@ def _run(r: _Reader) -> RunSpec:
         racing=r.get(t, "run", "racing", bool, True),
         keep_best=r.count(t, "run", "keep_best", 3),
         max_disk_mb=r.number(t, "run", "max_disk_mb", strict=True) if "max_disk_mb" in t else None,
+        mix_devices=r.get(t, "run", "mix_devices", bool, False),
     )
 
 

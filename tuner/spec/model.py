@@ -87,6 +87,7 @@ class RunSpec:
     racing: bool = True  # re-measure close leaders during the study (tuner.worker.race)
     keep_best: int = 3  # feasible trials whose artifacts `tuner gc` keeps (with the baseline and confirmed ones)
     max_disk_mb: float | None = None  # `tuner run` collects garbage when the work dir grows past this
+    mix_devices: bool = False  # workers on other hardware than the study's first may join (timings then mix devices)
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,12 @@ def db_epoch(conn: object) -> float:
     return float(conn.execute(text(sql)).scalar())  # type: ignore[attr-defined]
 
 
+def db_now(url: str) -> float:
+    """The database clock now (seconds since the epoch): what claims and stamps shared by hosts are judged by."""
+    with get_engine(url).connect() as conn:
+        return db_epoch(conn)
+
+
 class HeldLock:
     """A lock held by `named_lock`; `check()` raises a database error if the server has ended its session."""
 
@@ -287,15 +293,29 @@ def lock_key(name: str) -> int:
 
 @contextlib.contextmanager
 def named_lock(url: str, name: str, lock_file: Path) -> Iterator[HeldLock]:
-    """An exclusive lock across processes and hosts.
+    """An exclusive lock across processes and hosts, waited for.
 
     PostgreSQL: a session advisory lock, released by the server if the holder dies, is partitioned
     away (TCP keepalives) or sits idle holding it for `lock_hold_s` (frozen); a wait longer than
     `lock_timeout` logs who holds it and goes on waiting. SQLite (one host): an flock on `lock_file`.
     """
+    with _named_lock(url, name, lock_file, blocking=True) as held:
+        assert held is not None
+        yield held
+
+
+@contextlib.contextmanager
+def _named_lock(url: str, name: str, lock_file: Path, blocking: bool, keep_alive: bool = False) -> Iterator[HeldLock | None]:
+    """The lock (None if `blocking` is off and another holds it). `keep_alive`: for a lock held across a long
+    computation that leaves its session idle, a thread touches the session so the server keeps it while
+    this process runs (a frozen process stops touching it, and the server ends the session as for any lock)."""
     if make_url(url).get_backend_name() != "postgresql":
         with open(lock_file, "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield None
+                return
             try:
                 yield HeldLock()
             finally:
@@ -303,15 +323,44 @@ def named_lock(url: str, name: str, lock_file: Path) -> Iterator[HeldLock]:
         return
     key = lock_key(name)
     with get_engine(url).connect() as conn:
-        _acquire(conn, key, name)
+        if blocking:
+            _acquire(conn, key, name)
+        elif not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+            conn.commit()
+            yield None
+            return
         hold = conn.dialect.server_version_info >= (14,)
         if hold:  # idle_session_timeout exists from PostgreSQL 14
             conn.execute(text(f"SET idle_session_timeout = {_ms(PgTimeouts.from_env().lock_hold_s)}"))
         conn.commit()
+        toucher = _SessionToucher(conn, PgTimeouts.from_env().lock_hold_s / 4) if keep_alive else None
         try:
-            yield HeldLock(conn)
+            yield HeldLock(None if toucher else conn)
         finally:
+            if toucher is not None:
+                toucher.stop()
             _release(conn, key, name, hold)
+
+
+class _SessionToucher(threading.Thread):
+    """Runs `SELECT 1` on a lock's own connection every `every_s` seconds until stopped (see `_named_lock`)."""
+
+    def __init__(self, conn: Connection, every_s: float) -> None:
+        super().__init__(daemon=True, name="lock-keep-alive")
+        self.conn, self.every_s, self.done = conn, every_s, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every_s):
+            try:
+                self.conn.execute(text("SELECT 1"))
+                self.conn.commit()
+            except SQLAlchemyError:
+                return  # the session is gone (and the lock with it); the release says so
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
 
 
 def _acquire(conn: Connection, key: int, name: str) -> None:
@@ -357,6 +406,15 @@ def _sqlite_lock_file(url: str, suffix: str) -> Path:
 def study_lock(url: str, study: str) -> contextlib.AbstractContextManager[HeldLock]:
     """The per-study lock: counting the budget and asking, reaping."""
     return named_lock(url, f"route-tuner:{study}", _sqlite_lock_file(url, f"{study}.lock"))
+
+
+def confirmation_lock(url: str, study: str, wait: bool = True) -> contextlib.AbstractContextManager[HeldLock | None]:
+    """One confirmation of a study at a time, on every host; `tuner gc --yes` takes it without waiting (`wait=False`).
+
+    Without waiting the block gets None when a confirmation holds it.
+    """
+    return _named_lock(url, f"route-tuner-confirm:{study}", _sqlite_lock_file(url, f"{study}.confirm.lock"), blocking=wait,
+                       keep_alive=True)
 
 
 def schema_lock(url: str) -> contextlib.AbstractContextManager[HeldLock]:

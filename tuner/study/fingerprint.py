@@ -5,6 +5,11 @@ accepted, so adding a field never makes existing studies refuse to resume; this 
 `objective` too (one entry per declared setting, `tuner.objective`). Fingerprints stored before
 every setting was declared kept the statistic as `objective` and three settings under `timing`:
 `upgraded` reads them in today's form.
+
+The hardware (`DEVICE`: the GPU's name, else the CPU's model) is recorded by the study's first
+worker, not from the study file, and every later worker is checked against it (`device_problem`):
+timings from two kinds of device are not comparable, so a study refuses a worker on other hardware
+unless the study file says `[run] mix_devices = true`.
 """
 
 from __future__ import annotations
@@ -36,6 +41,18 @@ def study_fingerprint(spec: Spec, space: SearchSpace, data_sha: str, extra: dict
         "space": space.describe(),
         **(extra or {}),
     }
+
+
+DEVICE = "device"
+
+
+def device_problem(stored: dict[str, Any], device: str, mix_devices: bool) -> str | None:
+    """Why a worker on `device` may not join a study with fingerprint `stored`, or None if it may."""
+    recorded = stored.get(DEVICE)
+    if recorded is None or recorded == device or mix_devices:
+        return None
+    return (f"the study runs on {recorded!r}, this worker on {device!r}: their timings are not comparable. "
+            "Run it on the study's hardware, start a new study ([study] name), or set [run] mix_devices = true")
 
 
 NESTED = ("objective",)  # compared (and completed) entry by entry

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from tuner import __version__
 from tuner.backends import get_backend
 from tuner.backends.base import Backend, ModelInfo
+from tuner.backends.device import hardware
 from tuner.errors import ResumeError, TunerError
 from tuner.measure.inputs import feeds_hash, file_hash, load_feeds, save_feeds
 from tuner.measure.reference import cached_reference
@@ -29,7 +30,7 @@ from tuner.store.db import check_reachable, get_engine, schema_lock, study_lock,
 from tuner.store.models import StudyRecord
 from tuner.store.readonly import has_optuna_schema
 from tuner.store.urls import mask_credentials, mask_url
-from tuner.study.fingerprint import completed, differences, study_fingerprint
+from tuner.study.fingerprint import DEVICE, completed, device_problem, differences, study_fingerprint
 from tuner.study.optuna_adapter import open_storage
 
 METRIC_NAMES = ["latency_ms"]
@@ -124,6 +125,24 @@ class Context:
 def seed_routes(backend: Backend, model: ModelInfo, space: SearchSpace) -> list[Route]:
     """The backend's recommended routes that are routes of `space`, other than its default."""
     return [r for r in backend.seed_routes(model) if space.contains(r) and r != space.default_route()]
+
+
+def claim_device(ctx: Context) -> None:
+    """Record this process's hardware as the study's if it has none; refuse it (TunerError) if it differs.
+
+    Called by every worker before its first trial (each sees its own GPU), and by `tuner run` for CPU
+    workers, which share its hardware, so a refusal is one line before any worker starts.
+    """
+    device = hardware(ctx.backend.device())
+    with study_lock(ctx.url, ctx.spec.study), Session(get_engine(ctx.url)) as s, s.begin():
+        record = s.get(StudyRecord, ctx.spec.study)
+        if record is None:
+            raise TunerError(f"study {ctx.spec.study!r} does not exist in {mask_url(ctx.url)}; start it with `tuner run`")
+        problem = device_problem(record.fingerprint, device, ctx.spec.run.mix_devices)
+        if problem:
+            raise TunerError(f"study {ctx.spec.study!r}: {problem} in {ctx.spec.path.name}")
+        if DEVICE not in record.fingerprint:
+            record.fingerprint = {**record.fingerprint, DEVICE: device}
 
 
 def prepare(ctx: Context) -> optuna.Study:

@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial
 from tuner.errors import TunerError
 from tuner.space import canonical_route
 from tuner.store.cache import ResultStore
+from tuner.store.db import confirmation_lock, db_now
 from tuner.study.outcome import is_feasible
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
@@ -80,7 +81,24 @@ def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k:
 
     `rounds` defaults to max(8, the fewest rounds that can reach `confidence`); fewer is an error.
     Each run is a fresh child on the trial's stored artifact; its samples are kept as "confirm".
+    One confirmation of a study runs at a time, on every host (`confirmation_lock`): a second one
+    waits, and if the first confirmed the same state of the study with the same settings meanwhile,
+    its document is the answer (the study keeps one confirmation, not the last of two).
     """
+    seen = (study.user_attrs.get(ATTR) or {}).get("id")
+    with confirmation_lock(ctx.url, ctx.spec.study):
+        basis = {"finished": sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished()),
+                 "rounds": rounds, "top_k": top_k, "confidence": confidence}
+        current = study.user_attrs.get(ATTR) or {}
+        if current.get("id") not in (None, seen) and current.get("basis") == basis:
+            log("another run confirmed this study while this one waited for it; that confirmation stands")
+            return current
+        return _confirm(ctx, study, rounds, top_k, confidence, log, basis)
+
+
+def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float,
+             log: Callable[[str], None], basis: dict[str, Any]) -> dict[str, Any]:
+    """Measure in fresh children, judge and store (under the confirmation lock); stamped by the database clock."""
     store = ResultStore(ctx.url)
     run_id = uuid.uuid4().hex[:12]
     run_dir = ctx.work_dir / "confirm" / run_id
@@ -94,12 +112,14 @@ def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k:
         return res
 
     try:
-        return _store(study, judge_study(study, ctx.spec.objective.statistic, run, rounds, top_k, confidence, log))
+        doc = judge_study(study, ctx.spec.objective.statistic, run, rounds, top_k, confidence, log)
     except KeyboardInterrupt:
         handle.kill()
         raise
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+    created = datetime.fromtimestamp(db_now(ctx.url), UTC).isoformat(timespec="seconds")  # one clock for every host
+    return _store(study, {**doc, "id": run_id, "basis": basis, "created_at": created})
 
 
 def judge_study(study: optuna.Study, statistic: str, run: Callable[[FrozenTrial, int], J.Result], rounds: int | None = None,

@@ -14,7 +14,7 @@ import sys
 
 from tuner.errors import TunerError
 from tuner.spec import load_spec
-from tuner.study.setup import Context
+from tuner.study.setup import Context, claim_device
 from tuner.worker.lifeline import die_with_parent
 from tuner.worker.loop import Stop, Worker
 
@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(signal.SIGTERM)
     url = read_url(args.storage_fd)
     try:
-        worker = Worker(Context(load_spec(args.spec), url), args.budget, args.index, stop)
+        ctx = Context(load_spec(args.spec), url)
+        claim_device(ctx)  # a study refuses a worker on other hardware (unless it may mix)
+        worker = Worker(ctx, args.budget, args.index, stop)
         worker.run()
     except TunerError as exc:
         print(f"error: {exc}", file=sys.stderr)

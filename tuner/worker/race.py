@@ -6,7 +6,8 @@ artifacts in a fresh child (`tuner.study.reuse`), paired with the baseline engin
 Each re-measurement is kept (`tuner_measurements`, kind `race`), every paired cycle of the trial is
 pooled into one refined interval, and the study's `racing` document is updated under the study
 lock. A trial is claimed there while it is re-measured, so two workers never race the same trial
-at once; a claim older than the trial timeout belongs to a dead worker and is taken over.
+at once; a claim older than the trial timeout (by the database clock, one for every host) belongs to a
+dead worker and is taken over.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from optuna.trial import FrozenTrial
 
 from tuner import job as J
 from tuner.store.cache import ResultStore
-from tuner.store.db import db_retry, study_lock
+from tuner.store.db import db_now, db_retry, study_lock
 from tuner.study import racing
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
@@ -86,11 +87,12 @@ class Racer:
             with attempt, study_lock(self.ctx.url, self.ctx.spec.study):
                 entry = self._update(number, None)
                 claim = entry.get("claim") or {}
-                if claim and time.time() - float(claim.get("since", 0)) < self.ctx.spec.run.trial_timeout_s:
+                now = db_now(self.ctx.url)  # the database clock: claims are compared across hosts
+                if claim and now - float(claim.get("since", 0)) < self.ctx.spec.run.trial_timeout_s:
                     return False
                 if int(entry.get("remeasured", 0)) >= racing.REMEASURE_MAX:
                     return False
-                self._update(number, {"claim": {"worker": self.name, "since": time.time()}})
+                self._update(number, {"claim": {"worker": self.name, "since": now}})
         return True
 
     def _remeasure(self, trial: FrozenTrial, engine: dict[str, Any]) -> J.Result:
