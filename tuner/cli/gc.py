@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from tuner.cli.common import SpecArg, StorageOpt, console, context
-from tuner.study.gc import apply_plan, fmt_bytes, make_plan
+from tuner.errors import TunerError
+from tuner.study.gc import Plan, apply_plan, collecting, fmt_bytes, make_plan, refusal
 
 
 def gc(
@@ -18,17 +20,30 @@ def gc(
 ) -> None:
     """Remove artifacts and trial folders of trials not kept: the baseline, the best feasible and confirmed ones stay."""
     ctx = context(spec, storage)
-    plan = make_plan(ctx, ctx.load(), keep_best or ctx.spec.run.keep_best)
-    say = lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-    say(f"study {plan.study}: work dir {plan.work_dir} holds {fmt_bytes(plan.work_dir_bytes)}")
-    say(f"keeping {len(plan.kept)} trial(s): " + (", ".join(f"#{n} {why}" for n, why in sorted(plan.kept.items())) or "none"))
-    verb = "removing" if yes else "would remove"
-    say(f"{verb} {len(plan.removals)} item(s), {fmt_bytes(plan.removable_bytes)}" + (":" if plan.removals else ""))
-    for r in plan.removals:
-        say(f"  {fmt_bytes(r.bytes):>9}  {r.path.relative_to(plan.work_dir)}  {r.reason}")
+    study = ctx.load()
     if not yes:
-        note = f"; the study has {plan.running} RUNNING trial(s), so --yes waits until they finish" if plan.running else ""
-        say(f"dry run: nothing was removed; `tuner gc {spec} --yes` deletes the items listed{note}")
+        _show(make_plan(ctx, study, keep_best or ctx.spec.run.keep_best), "would remove", spec)
         return
-    freed = apply_plan(ctx, plan)
-    say(f"removed {len(plan.removals)} item(s), freed {fmt_bytes(freed)}")
+    with collecting(ctx) as busy:
+        plan = make_plan(ctx, study, keep_best or ctx.spec.run.keep_best)  # under the lock: what is deleted is what is listed
+        why = busy or refusal(plan)
+        if why:
+            raise TunerError(why)
+        _show(plan, "removing", spec)
+        freed = apply_plan(ctx, plan)
+    _say(f"removed {len(plan.removals)} item(s), freed {fmt_bytes(freed)}")
+
+
+def _say(line: str) -> None:
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _show(plan: Plan, verb: str, spec: Path) -> None:
+    _say(f"study {plan.study}: work dir {plan.work_dir} holds {fmt_bytes(plan.work_dir_bytes)}")
+    _say(f"keeping {len(plan.kept)} trial(s): " + (", ".join(f"#{n} {why}" for n, why in sorted(plan.kept.items())) or "none"))
+    _say(f"{verb} {len(plan.removals)} item(s), {fmt_bytes(plan.removable_bytes)}" + (":" if plan.removals else ""))
+    for r in plan.removals:
+        _say(f"  {fmt_bytes(r.bytes):>9}  {r.path.relative_to(plan.work_dir)}  {r.reason}")
+    if verb != "removing":
+        note = f"; the study has {plan.running} RUNNING trial(s), so --yes waits until they finish" if plan.running else ""
+        _say(f"dry run: nothing was removed; `tuner gc {spec} --yes` deletes the items listed{note}")

@@ -146,3 +146,11 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def may_be_alive(lease: Lease, now: float, hold_s: float) -> bool:
+    """Whether a lease's owner may still be running: on this host, while its PID lives; elsewhere, for `hold_s`
+    after its last heartbeat by the database clock `now` (nothing else can be known from here)."""
+    if lease.host == HOST:
+        return lease.pid > 0 and _alive(lease.pid)
+    return now - lease.heartbeat_at < hold_s
