@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import socket
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,10 +34,12 @@ from tuner.spec import RunSpec
 def make_sampler(run: RunSpec, worker_index: int, space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
     """The study's sampler for one worker process (`space`: the study's search space, which "local" needs).
 
-    Seeds mix the study seed, the worker index and the process id, so workers and restarts never
-    replay one another's proposals (a fixed seed re-proposes the first configurations after a restart).
+    Seeds mix the study seed, the worker index, the process id and the host name, so workers, restarts
+    and hosts never replay one another's proposals (a fixed seed re-proposes the first configurations
+    after a restart; containers of a fleet start their workers with the same index and process id).
     """
-    return sampler_for(run, (run.seed * 1_000_003 + worker_index * 7919 + os.getpid()) % (2**31), space)
+    host = zlib.crc32(socket.gethostname().encode())
+    return sampler_for(run, (run.seed * 1_000_003 + worker_index * 7919 + os.getpid() + host) % (2**31), space)
 
 
 def sampler_for(run: RunSpec, seed: int, space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
