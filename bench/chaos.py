@@ -2,9 +2,25 @@
 
 Faults, in a seeded order, each when a seeded number of trials has finished: SIGKILL of a random
 worker (x2) and of a random trial child (x3), SIGSTOP of a worker until its trial is reaped (past
-`grace_s`) then SIGCONT, a real PostgreSQL restart, a long database outage, and a full work dir.
+`grace_s`) then SIGCONT, a real PostgreSQL restart, a long database outage, a full work dir, and:
+- `stop_baseline`: first of all, the worker of trial 0 (the baseline) is SIGSTOPped until it is reaped;
+- `stop_in_lock`: a worker caught holding the study lock (inside reserve, reap or tell: the holder of
+  the advisory lock, traced from the server's session to the process through the proxy) is
+  SIGSTOPped until its trial is reaped;
+- `commit_drops`: the connection is broken after the COMMIT and before its reply, once at each step
+  of the lifecycle: reap, tell, re-queue and record (`tests.pg_faults`, in the proxy);
+- `freeze_short`, `freeze_long_sigterm`: the whole PostgreSQL cluster SIGSTOPped for less, then more,
+  than the keepalive timeout; during the long one `tuner run` gets SIGTERM and must end within 15 s
+  (the study is then resumed by a new `tuner run`);
+- `partition_host`: a second host (its own network, UTS and PID namespaces, joined by a veth pair)
+  runs the study beside the first; its link is cut in the middle of one of its tells, then restored;
+- `squat_locks`: another local user opens and `flock`s whatever it can of the timing lock files;
+- `gc_during_racing`: `tuner gc --yes` while a worker re-measures a leader;
+and at the end `two_confirmations`: two `tuner run`s confirm at once.
 Then the study is resumed (`tuner run` again) until its budget is spent, and the database, the
-build log and the process table are checked.
+build log and the process table are checked. Beside the counts, the waste: budget spent on
+timeouts, routes lost more than once, every run's exit status and (with a fault-free run of the same
+seed first) the time to finish against that run.
 
 The study runs on a private PostgreSQL cluster (initdb in a temporary directory, its own port), so it
 can be restarted without touching the shared one; the outage is a TCP proxy on 127.0.0.1 that is cut
@@ -27,6 +43,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +57,23 @@ sys.path.insert(0, str(REPO))
 
 from tests.conftest import to_toml  # noqa: E402
 from tests.models import conv_model  # noqa: E402
+from tests.pg_faults import Watch  # noqa: E402
 from tests.proxy import TcpProxy  # noqa: E402
+from tuner.store.db import lock_key  # noqa: E402
 
 PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1] if Path("/usr/lib/postgresql").exists() else Path("/usr/bin")
-FAULTS = ("kill_worker", "kill_worker", "kill_child", "kill_child", "kill_child", "stop_worker", "pg_restart", "outage", "disk_full")
+FAULTS = ("kill_worker", "kill_worker", "kill_child", "kill_child", "kill_child", "stop_worker", "pg_restart", "outage", "disk_full",
+          "stop_in_lock", "commit_drops", "freeze_short", "freeze_long_sigterm", "partition_host", "squat_locks", "gc_during_racing")
+FIRST, LAST = ("stop_baseline",), ("two_confirmations",)  # at the start of the run, and after the study's budget is spent
+STEPS = ("reap", "tell", "requeue", "record")  # where a connection is broken after COMMIT
+# Bounds shortened for the benchmark (names of tuner.store.db.PgTimeouts): a frozen lock holder's session
+# ends after 30 s idle, and TCP keepalives give up after about 5 + 2 * 3 = 11 s.
+PG_TIMEOUTS = "lock_hold_s=30,keepalive_idle_s=5,keepalive_interval_s=2,keepalive_count=3"
+WAIT_S = 900.0  # the longest wait for the moment a fault needs (a loaded machine starts a study slowly)
+FREEZE_SHORT_S, FREEZE_LONG_S = 5.0, 40.0  # shorter and longer than that keepalive timeout
+SIGTERM_LIMIT_S = 15.0
+SQUATTER = "tuner-chaos-squat"
+NETNS = "tuner-chaos"
 ENV_PATTERN = re.compile(r"no space left|ENOSPC|out of memory|MemoryError|SIGKILL|environment", re.IGNORECASE)
 RESULTS = REPO / "bench" / "results" / "chaos.json"
 
@@ -80,6 +110,11 @@ class PrivateCluster:
     def stop(self) -> None:
         """Stop the server (the data directory goes with the temporary directory)."""
         self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", "-m", "immediate", "stop")
+
+    def pids(self) -> list[int]:
+        """The postmaster and every process it started (backends, checkpointer, ...)."""
+        master = int((self.data / "postmaster.pid").read_text().split()[0])
+        return [master] + [pid for pid, ppid, _ in _procs() if ppid == master]
 
     def url(self, database: str, port: int | None = None) -> str:
         return f"postgresql://postgres@127.0.0.1:{port or self.port}/{database}"
@@ -123,6 +158,64 @@ def _procs() -> list[tuple[int, int, str]]:
     return out
 
 
+def _owner_of_port(port: int) -> int | None:
+    """The process that owns the local TCP port `port` on 127.0.0.1 (IPv4), if any."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        cols = line.split()
+        if int(cols[1].split(":")[1], 16) == port:
+            inode = cols[9]
+            break
+    if inode is None:
+        return None
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if any(os.readlink(fd) == f"socket:[{inode}]" for fd in (entry / "fd").iterdir()):
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def _netns(seed: int) -> str:
+    return f"{NETNS}-{seed}"
+
+
+def _netns_addresses(seed: int) -> tuple[str, str]:
+    """(this host's address, the other host's) on the veth pair of `seed`."""
+    return f"10.213.{seed % 250}.1", f"10.213.{seed % 250}.2"
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+def _netns_up(seed: int) -> str:
+    """Make the other host's network namespace and its veth link; '' on success, else why not."""
+    _netns_down(seed)
+    ns, (here, there) = _netns(seed), _netns_addresses(seed)
+    for args in (("netns", "add", ns), ("link", "add", f"tc{seed}a", "type", "veth", "peer", "name", f"tc{seed}b"),
+                 ("link", "set", f"tc{seed}b", "netns", ns), ("addr", "add", f"{here}/30", "dev", f"tc{seed}a"),
+                 ("link", "set", f"tc{seed}a", "up"), ("-n", ns, "addr", "add", f"{there}/30", "dev", f"tc{seed}b"),
+                 ("-n", ns, "link", "set", f"tc{seed}b", "up"), ("-n", ns, "link", "set", "lo", "up")):
+        done = _ip(*args)
+        if done.returncode != 0:
+            return f"ip {' '.join(args)}: {done.stderr.strip()}"
+    return ""
+
+
+def _link(seed: int, state: str) -> None:
+    """Bring both ends of the other host's link down (a partition: packets are dropped, not refused) or up."""
+    _ip("link", "set", f"tc{seed}a", state)
+    _ip("-n", _netns(seed), "link", "set", f"tc{seed}b", state)
+
+
+def _netns_down(seed: int) -> None:
+    _ip("link", "del", f"tc{seed}a")
+    _ip("netns", "del", _netns(seed))
+
+
 @dataclass
 class Seed:
     """One seed's run: its study, its faults and what was found afterwards."""
@@ -137,6 +230,8 @@ class Seed:
     schedule: tuple[str, ...] = FAULTS
     timing_cap_s: float | None = None  # None: the tuner's default cap (what the recorded seeds ran with)
     faults: list[dict[str, Any]] = field(default_factory=list)
+    first: tuple[str, ...] = FIRST
+    last: tuple[str, ...] = LAST
 
     def __post_init__(self) -> None:
         self.cluster = PrivateCluster(self.root / "pg")
@@ -145,6 +240,11 @@ class Seed:
         self.build_log = self.root / "builds"
         self.log = self.root / "run.log"
         self.rng = random.Random(self.seed)
+        self.watch = Watch()
+        self.runs: list[subprocess.Popen[bytes]] = []  # every `tuner run` of this host, in order
+        self.other: subprocess.Popen[bytes] | None = None  # the second host's `tuner run`
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "TUNER_PG_TIMEOUTS": PG_TIMEOUTS,
+                    "TUNER_LOCK_DIR": str(self.root / "locks")}  # made by the tuner, in a folder others may enter
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -153,7 +253,7 @@ class Seed:
         self.cluster.start()
         self.cluster.create("chaos")
         self.direct = self.cluster.url("chaos")
-        self.proxy = TcpProxy(self.cluster.port)
+        self.proxy = TcpProxy(self.cluster.port, watch=self.watch)
         self.proxy.start()
         self.url = self.cluster.url("chaos", self.proxy.port)
         self.disk.mkdir()
@@ -174,17 +274,28 @@ class Seed:
         }))
 
     def teardown(self) -> None:
+        for proc in [*self.runs, self.other]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        _netns_down(self.seed)
         self.proxy.cut()
         subprocess.run(["umount", "-l", str(self.disk)], check=False)
         self.cluster.stop()
 
     # -- the run -----------------------------------------------------------------------------
 
-    def start_run(self) -> subprocess.Popen[bytes]:
+    def start_run(self, *extra: str, confirm: bool = False) -> subprocess.Popen[bytes]:
         with open(self.log, "ab") as f:
-            return subprocess.Popen([sys.executable, "-m", "tuner", "run", str(self.spec), "--storage", self.url, "--no-confirm"],
-                                    stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-                                    env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+            proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(self.spec), "--storage", self.url,
+                                     *([] if confirm else ["--no-confirm"]), *extra],
+                                    stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=self.env)
+        self.runs.append(proc)
+        return proc
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        """This host's current `tuner run`."""
+        return self.runs[-1]
 
     def finished(self) -> int:
         return int(_query(self.direct, "SELECT count(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED', 'FAIL')")[0][0])
@@ -198,33 +309,40 @@ class Seed:
     def run(self) -> dict[str, Any]:
         """Run the study under the fault schedule, resume it, and measure."""
         order = self.rng.sample(self.schedule, len(self.schedule))
-        triggers = sorted(self.rng.sample(range(2, self.budget - len(self.schedule) // 2 - 2), len(self.schedule)))
+        triggers = sorted(self.rng.sample(range(2, self.budget - len(self.schedule) // 2 - 2), len(self.schedule))) if order else []
         t0 = time.monotonic()
-        proc = self.start_run()
+        self.start_run()
         try:
-            self.inject(proc, order, triggers, t0)
+            self.inject([*self.first], [0] * len(self.first), t0)
+            self.inject(order, triggers, t0)
         finally:
-            if proc.poll() is None and sys.exc_info()[0] is not None:
-                proc.kill()
-        first_rc = proc.wait()
-        resumes = []
+            if self.proc.poll() is None and sys.exc_info()[0] is not None:
+                self.proc.kill()
+        self.proc.wait()
         for _ in range(5):
             counted, pending = self.counted_and_pending()
             if counted >= self.budget and not pending:
                 break
-            rc = self.start_run().wait()
-            resumes.append(rc)
+            self.start_run().wait()
+        if self.other is not None:
+            self.other.wait(timeout=600)
         wall = time.monotonic() - t0
-        return {**self.measure(), "first_run_exit": first_rc, "resume_exits": resumes, "wall_s": round(wall, 1)}
+        self.inject([*self.last], [0] * len(self.last), t0, restart=False)
+        exits = [p.returncode for p in self.runs]
+        return {**self.measure(), "first_run_exit": exits[0], "run_exits": exits, "wall_s": round(wall, 1),
+                "other_host_exit": self.other.returncode if self.other is not None else None}
 
-    def inject(self, proc: subprocess.Popen[bytes], order: list[str], triggers: list[int], t0: float) -> None:
-        """Each fault in turn, once its number of trials has finished (skipped if the run ended first)."""
+    def inject(self, order: list[str], triggers: list[int], t0: float, restart: bool = True) -> None:
+        """Each fault in turn, once its number of trials has finished; a run that ended early (SIGTERM) is resumed."""
         for name, at in zip(order, triggers):
-            while self.finished() < at and proc.poll() is None:
+            while self.finished() < at and self.proc.poll() is None:
                 time.sleep(0.2)  # polling the study's progress: faults are scheduled by trial count
-            if proc.poll() is not None:
-                self.faults.append({"fault": name, "at_trials": at, "skipped": "the run had ended"})
-                continue
+            if self.proc.poll() is not None and restart:
+                counted, pending = self.counted_and_pending()
+                if counted >= self.budget and not pending:
+                    self.faults.append({"fault": name, "at_trials": at, "skipped": "the study had ended"})
+                    continue
+                self.start_run()
             started = time.monotonic()
             detail = getattr(self, name)()
             self.faults.append({"fault": name, "at_trials": at, "t_s": round(started - t0, 1),
@@ -308,6 +426,174 @@ class Seed:
         filler.unlink()
         return {"full_s": round(time.monotonic() - t, 1), "a_worker_paused": paused}
 
+    def _stop_until_reaped(self, victim: int, owners: tuple[int, ...]) -> dict[str, Any]:
+        """SIGSTOP `victim` until a lease of one of `owners` (pids; 0: an ownerless lease) is reaped, then SIGCONT."""
+        before = {int(r[0]) for r in _query(self.direct, "SELECT trial_id FROM tuner_leases WHERE state = 'reaped'")}
+        os.kill(victim, signal.SIGSTOP)
+        t = time.monotonic()
+        reaped = False
+        while not reaped and time.monotonic() - t < 10 * self.grace_s + 60:
+            rows = _query(self.direct, "SELECT trial_id, pid FROM tuner_leases WHERE state = 'reaped'")
+            reaped = any(int(tid) not in before and int(pid) in owners for tid, pid in rows)
+            time.sleep(0.2)
+        os.kill(victim, signal.SIGCONT)
+        return {"pid": victim, "stopped_s": round(time.monotonic() - t, 1), "reaped_while_stopped": reaped}
+
+    def stop_baseline(self) -> dict[str, Any]:
+        """SIGSTOP the worker of trial 0 (the baseline, which the others pair with) until it is reaped."""
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            rows = _query(self.direct, "SELECT l.pid FROM tuner_leases l JOIN trials t ON t.trial_id = l.trial_id "
+                                       "WHERE t.number = 0 AND l.state = 'running' AND l.pid > 0")
+            if rows:
+                return self._stop_until_reaped(int(rows[0][0]), (int(rows[0][0]),))
+            time.sleep(0.1)
+        return {"skipped": "trial 0 was never leased"}
+
+    def stop_in_lock(self) -> dict[str, Any]:
+        """SIGSTOP a worker while it holds the study lock (inside reserve, reap or tell) until its trial is reaped."""
+        key = lock_key(f"route-tuner:chaos-{self.seed}")
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            rows = _query(self.direct, "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                                       "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s",
+                          ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+            pid = _owner_of_port(self.proxy.clients.get(int(rows[0][0]), -1)) if rows and rows[0][0] else None
+            if pid is not None and pid in self.workers_now():
+                leased = _query(self.direct, "SELECT count(*) FROM tuner_leases WHERE pid = %s AND state = 'running'", (pid,))[0][0]
+                return {**self._stop_until_reaped(pid, (pid, 0)), "had_a_lease": bool(leased)}
+            time.sleep(0.02)
+        return {"skipped": "no worker was seen holding the study lock"}
+
+    def commit_drops(self) -> dict[str, Any]:
+        """Break the connection after the next COMMIT of each lifecycle step (which fired is measured at the end)."""
+        self.watch.drop_after_commit(*STEPS)
+        return {"armed": list(STEPS)}
+
+    def _freeze(self, seconds: float, sigterm: bool) -> dict[str, Any]:
+        pids = self.cluster.pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        t = time.monotonic()
+        detail: dict[str, Any] = {"frozen_s": seconds, "processes": len(pids)}
+        try:
+            if sigterm:
+                time.sleep(seconds / 4)  # the fault: the cluster stays frozen, the run's waits are in flight
+                run = self.proc
+                sent = time.monotonic()
+                run.send_signal(signal.SIGTERM)
+                try:
+                    detail["exit"] = run.wait(timeout=max(seconds - (sent - t), SIGTERM_LIMIT_S * 2))
+                    detail["sigterm_answered_s"] = round(time.monotonic() - sent, 1)
+                except subprocess.TimeoutExpired:
+                    detail["sigterm_answered_s"] = None  # not answered while frozen: killed
+                    run.kill()
+            time.sleep(max(0.0, seconds - (time.monotonic() - t)))  # the rest of the freeze
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        return detail
+
+    def freeze_short(self) -> dict[str, Any]:
+        return self._freeze(FREEZE_SHORT_S, sigterm=False)
+
+    def freeze_long_sigterm(self) -> dict[str, Any]:
+        return self._freeze(FREEZE_LONG_S, sigterm=True)
+
+    def partition_host(self) -> dict[str, Any]:
+        """Start a second host on the study; cut its link in the middle of one of its tells, then restore it."""
+        made = _netns_up(self.seed)
+        if made:
+            return {"skipped": f"network namespaces could not be made here: {made}"}
+        host_ip, peer_ip = _netns_addresses(self.seed)
+        self.other_watch = Watch()
+        self.other_proxy = TcpProxy(self.cluster.port, host=host_ip, watch=self.other_watch)
+        self.other_proxy.start()
+        url = f"postgresql://postgres@{host_ip}:{self.other_proxy.port}/chaos"
+        script = (f"hostname chaos-{self.seed}-b && exec {sys.executable} -m tuner run {self.spec} --no-confirm --workers 1 "
+                  f"--storage {url}")
+        with open(self.root / "other-host.log", "ab") as f:
+            self.other = subprocess.Popen(["ip", "netns", "exec", _netns(self.seed), "unshare", "--uts", "--pid", "--fork",
+                                           "--mount-proc", "sh", "-c", script], stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+                                          env={**self.env, "TUNER_LOCK_DIR": str(self.root / "locks-b")})
+        cut = threading.Event()
+        times: dict[str, float] = {}
+
+        def partition() -> None:
+            times["cut"] = time.monotonic()
+            _link(self.seed, "down")
+            cut.set()
+            time.sleep(20)  # the partition lasts this long
+            _link(self.seed, "up")
+            times["restored"] = time.monotonic()
+
+        self.other_watch.on_statement("tell", partition)
+        happened = cut.wait(timeout=WAIT_S)
+        while happened and "restored" not in times:
+            time.sleep(0.2)
+        return {"partitioned_in_a_tell": happened, "partition_s": round(times["restored"] - times["cut"], 1) if happened else None}
+
+    def squat_locks(self) -> dict[str, Any]:
+        """Another local user opens and flocks every timing lock file it can, for a while."""
+        if subprocess.run(["id", SQUATTER], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SQUATTER], check=True)
+        code = ("import fcntl, os, sys, time\n"
+                "d, end, held = sys.argv[1], time.monotonic() + float(sys.argv[2]), {}\n"
+                "while time.monotonic() < end:\n"
+                "    try: names = os.listdir(d)\n"
+                "    except OSError: names = []\n"
+                "    for n in names:\n"
+                "        if n in held: continue\n"
+                "        try:\n"
+                "            fd = os.open(os.path.join(d, n), os.O_RDONLY | os.O_NOFOLLOW)\n"
+                "            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB); held[n] = fd\n"
+                "        except OSError: pass\n"
+                "    time.sleep(0.2)\n"
+                "print(len(held))\n")
+        before = self.timeouts()
+        done = subprocess.run(["runuser", "-u", SQUATTER, "--", sys.executable, "-c", code, self.env["TUNER_LOCK_DIR"], "30"],
+                              capture_output=True, text=True, timeout=120)
+        return {"files_held": int(done.stdout.strip() or 0), "timeouts_meanwhile": self.timeouts() - before}
+
+    def gc_during_racing(self) -> dict[str, Any]:
+        """`tuner gc --yes` while a leader is being re-measured (or, if none is within a minute, while the study runs)."""
+        deadline = time.monotonic() + 60
+        claimed = False
+        while not claimed and time.monotonic() < deadline:
+            rows = _query(self.direct, "SELECT value_json FROM study_user_attributes WHERE key = 'racing'")
+            claimed = any('"claim": {' in r[0] for r in rows)
+            time.sleep(0.1)
+        done = subprocess.run([sys.executable, "-m", "tuner", "gc", str(self.spec), "--storage", self.url, "--yes"],
+                              capture_output=True, text=True, cwd=REPO, env=self.env, timeout=600)
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
+        return {"during_a_claim": claimed, "exit": done.returncode, "said": last[0][:200]}
+
+    def two_confirmations(self) -> dict[str, Any]:
+        """Two `tuner run`s of the finished study confirm at once (held at the lock until both wait for it)."""
+        key = lock_key(f"route-tuner-confirm:chaos-{self.seed}")
+        holder = psycopg2.connect(self.direct)
+        holder.autocommit = True
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (key,))
+        procs = [self.start_run("--confirm-top-k", "1", "--confirm-rounds", "6", confirm=True) for _ in range(2)]
+        deadline = time.monotonic() + 300
+        waiting = 0
+        while waiting < 2 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            with holder.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
+                            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+                waiting = int(cur.fetchone()[0])
+            time.sleep(0.1)
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        holder.close()
+        exits = [p.wait(timeout=900) for p in procs]
+        measured = _query(self.direct, "SELECT count(DISTINCT result_key) FROM tuner_measurements WHERE kind = 'confirm'")[0][0]
+        return {"both_waited": waiting >= 2, "exits": exits, "confirmations_measured": int(measured)}
+
+    def timeouts(self) -> int:
+        return int(_query(self.direct, "SELECT count(*) FROM trial_user_attributes WHERE key = 'failure_class' AND value_json = '\"timeout\"'")[0][0])
+
     # -- what it left behind -------------------------------------------------------------------
 
     def counted_and_pending(self) -> tuple[int, int]:
@@ -342,6 +628,11 @@ class Seed:
         builds = [json.loads(p.read_text()) for p in self.build_log.glob("*.json")]
         orphans = [cmd for _, _, cmd in _procs() if str(self.spec) in cmd or str(self.disk) in cmd]
         kills = [f for f in self.faults if f["fault"] == "kill_worker" and "children_left" in f]
+        lost_routes = [t["route"] for t in trials if t["class"] == "lost" and t["route"] != "{}"]
+        duplicate_rows = _query(self.direct, """
+            SELECT count(*) - count(DISTINCT (study, trial_number, kind, md5(samples_ms::text), md5(stats::text))) FROM tuner_measurements""")[0][0]
+        stops = [f for f in self.faults if "reaped_while_stopped" in f]
+        sigterms = [f for f in self.faults if f["fault"] == "freeze_long_sigterm" and "skipped" not in f]
         return {
             "seed": self.seed, "outage_s": self.outage_s, "budget": self.budget, "workers": self.workers,
             "faults_injected": sum(1 for f in self.faults if "skipped" not in f), "faults": self.faults,
@@ -356,6 +647,14 @@ class Seed:
             + sum(1 for f in kills if f["children_gone_after_s"] > 5),
             "cached_environment_errors": sum(1 for status, msg in cache if status == "environment-error" or ENV_PATTERN.search(msg or "")),
             "requeued": {c: sum(1 for t in requeued if t["class"] == c) for c in sorted(uncounted)},
+            "duplicate_measurement_rows": int(duplicate_rows),
+            "reaped_while_stopped": bool(stops) and all(f["reaped_while_stopped"] for f in stops),
+            "sigterm_under_frozen_db_s": [f.get("sigterm_answered_s") for f in sigterms],
+            "sigterm_answered_within_15s": bool(sigterms) and all((f.get("sigterm_answered_s") or 1e9) <= SIGTERM_LIMIT_S for f in sigterms),
+            "commit_drops": sorted(self.watch.dropped),
+            "fault_kinds": sorted({f["fault"] for f in self.faults if "skipped" not in f}),
+            "waste": {"budget_on_timeouts": sum(1 for t in counted if t["class"] == "timeout"),
+                      "routes_lost_more_than_once": sum(1 for r in set(lost_routes) if lost_routes.count(r) > 1)},
         }
 
 
@@ -385,7 +684,9 @@ def machine_state() -> dict[str, Any]:
 TABLE = (("faults injected", "faults_injected"), ("trials lost", "trials_lost"), ("trials left RUNNING/WAITING", "trials_left_running"),
          ("routes built twice (counted, not cache hits)", "routes_built_twice"), ("overlapping builds of one route", "concurrent_duplicate_builds"),
          ("orphan processes after the run", "orphans_after_run"), ("children alive 5 s after their worker's SIGKILL", "children_alive_5s_after_worker_kill"),
-         ("budget exact", "budget_exact"), ("cached environment errors", "cached_environment_errors"))
+         ("budget exact", "budget_exact"), ("cached environment errors", "cached_environment_errors"),
+         ("duplicate measurement rows", "duplicate_measurement_rows"), ("stopped workers reaped while stopped", "reaped_while_stopped"),
+         ("SIGTERM under a frozen database answered within 15 s", "sigterm_answered_within_15s"), ("first run's exit status", "first_run_exit"))
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -398,6 +699,19 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _run_seed(args: argparse.Namespace, **schedule: tuple[str, ...]) -> dict[str, Any]:
+    """One run of the seed's study with the given faults, on a cluster and tmpfs of its own."""
+    with tempfile.TemporaryDirectory(prefix=f"chaos-{args.seed}-") as d:
+        root = Path(d)
+        os.chmod(root, 0o755)
+        seed = Seed(args.seed, args.outage_s, args.budget, args.workers, args.build_s, args.grace_s, root, **schedule)
+        seed.setup()
+        try:
+            return seed.run()
+        finally:
+            seed.teardown()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", action="store_true", help="only print the docs/benchmarks.md table of the results file")
@@ -408,6 +722,8 @@ def main() -> None:
     p.add_argument("--build-s", type=float, default=2.0)
     p.add_argument("--grace-s", type=float, default=8.0)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--no-fault-free", dest="fault_free", action="store_false",
+                   help="skip the fault-free run of the same seed (the reference of the time to finish)")
     args = p.parse_args()
     if args.table:
         print(table(json.loads(args.out.read_text())))
@@ -416,15 +732,11 @@ def main() -> None:
         p.error("--seed is required")
     signal.signal(signal.SIGTERM, _interrupt)  # so a stopped benchmark still unmounts and stops its cluster
     before = machine_state()
-    with tempfile.TemporaryDirectory(prefix=f"chaos-{args.seed}-") as d:
-        root = Path(d)
-        os.chmod(root, 0o755)
-        seed = Seed(args.seed, args.outage_s, args.budget, args.workers, args.build_s, args.grace_s, root)
-        seed.setup()
-        try:
-            row = seed.run()
-        finally:
-            seed.teardown()
+    reference = _run_seed(args, schedule=(), first=(), last=()) if args.fault_free else None
+    row = _run_seed(args, schedule=FAULTS, first=FIRST, last=LAST)
+    if reference is not None:
+        row["waste"]["fault_free_wall_s"] = reference["wall_s"]
+        row["waste"]["time_vs_fault_free"] = round(row["wall_s"] / reference["wall_s"], 2)
     row["machine_before"], row["machine_after"] = before, machine_state()
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "chaos", "seeds": []}
     doc["seeds"] = [s for s in doc["seeds"] if s["seed"] != args.seed] + [row]
@@ -432,7 +744,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     keys = ("faults_injected", "trials_lost", "trials_left_running", "routes_built_twice", "concurrent_duplicate_builds",
-            "orphans_after_run", "children_alive_5s_after_worker_kill", "budget_exact", "cached_environment_errors")
+            "orphans_after_run", "children_alive_5s_after_worker_kill", "budget_exact", "cached_environment_errors",
+            "duplicate_measurement_rows", "reaped_while_stopped", "sigterm_answered_within_15s", "fault_kinds", "waste")
     print(json.dumps({k: row[k] for k in keys}))
 
 

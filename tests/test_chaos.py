@@ -24,7 +24,7 @@ def test_a_short_chaos_run_loses_nothing(own_timing_locks: Path) -> None:
         root = Path(d)
         root.chmod(0o755)
         seed = Seed(seed=7, outage_s=4.0, budget=14, workers=3, build_s=0.5, grace_s=4.0, root=root, schedule=SHORT,
-                    timing_cap_s=0.5)  # every route runs one model: a paired timing of equals would take the full CPU cap
+                    timing_cap_s=0.5, first=(), last=())  # every route runs one model: a paired timing of equals would take the full CPU cap
         seed.setup()
         try:
             row = seed.run()
