@@ -135,6 +135,70 @@ def run_all(scenarios: Sequence[Scenario], names: Sequence[str], seeds: int, bud
     return {sc: {n: _summary(sorted(rs, key=lambda r: r["seed"]), budget) for n, rs in by.items() if rs} for sc, by in runs.items()}
 
 
+TRANSFER_SOURCE_BUILDS = 30  # each source study's budget in the transfer runs
+
+
+def transfer_sources(target: Scenario, scenarios: Sequence[Scenario]) -> list[Scenario]:
+    """One scenario (its study's tolerance: the first listed) of every *other* model recorded on the same kind of device."""
+    kind = truth_for(target).landscape.meta["environment"].get("device", {})
+    out: dict[str, Scenario] = {}
+    for sc in scenarios:
+        if sc.model != target.model and sc.model not in out and truth_for(sc).landscape.meta["environment"].get("device", {}) == kind:
+            out[sc.model] = sc
+    return list(out.values())
+
+
+def transfer_run(task: tuple[Scenario, tuple[Scenario, ...], int, int]) -> tuple[str, int, dict[str, Any]]:
+    """Leave-one-model-out: the source models' studies (the default sampler, TRANSFER_SOURCE_BUILDS builds each) in one
+    storage, then the target's study with `warm_start` on and off; both scored."""
+    import tempfile
+
+    import optuna
+
+    from bench.landscape.simulate import Simulation
+    from bench.landscape.strategies import CHECKPOINTS, TRIAL_CAP, Run, default_sampler
+
+    target, sources, seed, budget = task
+    storage = optuna.storages.InMemoryStorage()
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="search-transfer-") as tmp:
+        for sc in sources:
+            src = Simulation(truth_for(sc), default_sampler(truth_for(sc).space, seed), Path(tmp) / sc.name, drift_share(sc), seed,
+                             storage=storage, name=f"{sc.name}-{seed}")
+            src.run(TRANSFER_SOURCE_BUILDS, (), TRIAL_CAP * TRANSFER_SOURCE_BUILDS)
+        truth = truth_for(target)
+        for label, warm in (("warm", True), ("cold", False)):
+            sim = Simulation(truth, default_sampler(truth.space, seed), Path(tmp) / label, drift_share(target), seed,
+                             storage=storage, name=f"{target.name}-{label}-{seed}", warm_start=warm)
+            sim.run(budget, CHECKPOINTS, TRIAL_CAP * budget)
+            out[label] = score(Run(sim.steps, sim.confirmed, sim.remeasures, sim.seconds), truth, budget)
+            out[label]["sources"] = [e["study"] for e in (sim.study.user_attrs.get("warm_start") or {}).get("sources", [])]
+    return target.name, seed, out
+
+
+def run_transfer(scenarios: Sequence[Scenario], seeds: int, budget: int, jobs: int) -> dict[str, Any]:
+    """The transfer rows: per target scenario with a source, builds to 2 % and within 2 % at 30 with and without a warm start."""
+    tasks = [(sc, tuple(src), seed, budget) for sc in scenarios if (src := transfer_sources(sc, scenarios)) for seed in range(seeds)]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    t0 = time.monotonic()
+    results = Pool(jobs).imap_unordered(transfer_run, tasks, chunksize=1) if jobs > 1 else map(transfer_run, tasks)
+    for i, (name, seed, r) in enumerate(results, 1):
+        runs.setdefault(name, []).append({"seed": seed, **r})
+        _progress(i, len(tasks), t0)
+    out: dict[str, Any] = {}
+    for name, rs in runs.items():
+        row: dict[str, Any] = {"sources": rs[0]["warm"]["sources"], "seeds": len(rs)}
+        for label in ("warm", "cold"):
+            row[label] = {"delivered_builds_to_2pct": summarise([r[label]["delivered_builds_to_2pct"] for r in rs]),
+                          "builds_to_2pct": summarise([r[label]["builds_to_2pct"] for r in rs]),
+                          f"delivered_within_2pct_at_{CHOICE_BUDGET}": share([r[label].get(f"delivered_within_2pct_at_{CHOICE_BUDGET}", False)
+                                                                              for r in rs])}
+        w, c = row["warm"]["delivered_builds_to_2pct"]["median"], row["cold"]["delivered_builds_to_2pct"]["median"]
+        row["fewer_builds"] = round(1 - w / c, 3) if w is not None and c else None
+        out[name] = row
+    return out
+
+
 def _progress(i: int, n: int, t0: float) -> None:
     if i % 25 == 0 or i == n:
         rate = (time.monotonic() - t0) / i
@@ -279,6 +343,18 @@ def markdown(doc: dict[str, Any]) -> str:
         for strat, t in c["candidates"].items():
             lines.append(f"| `{strat}` | " + " | ".join(f"{100 * t['shares'][sc]:.0f}%" for sc in c["tuning_scenarios"])
                          + f" | {100 * t['min_share']:.0f}% | {100 * t['mean_share']:.0f}% |")
+    if doc.get("transfer"):
+        lines += ["", f"**Transfer, leave one model out** (the default sampler; sources: the other models' studies of "
+                  f"{TRANSFER_SOURCE_BUILDS} builds in the same storage, never the same model): builds until the delivered route "
+                  "stays within 2 % (median [IQR]) and the share of seeds within 2 % at 30 builds, with the warm start and without.", "",
+                  "| Scenario | sources | builds to 2 %, warm | builds to 2 %, cold | fewer builds | within 2 % at 30, warm | cold |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, row in doc["transfer"].items():
+            w, c = row["warm"], row["cold"]
+            fewer = "-" if row["fewer_builds"] is None else f"{100 * row['fewer_builds']:.0f} %"
+            lines.append(f"| {_col(doc, name)} | {', '.join(row['sources'])} | {_cell(w['delivered_builds_to_2pct'], 'builds', budget)} | "
+                         f"{_cell(c['delivered_builds_to_2pct'], 'builds', budget)} | {fewer} | "
+                         f"{_cell(w['delivered_within_2pct_at_30'], 'share', budget)} | {_cell(c['delivered_within_2pct_at_30'], 'share', budget)} |")
     for b in budgets:
         lines += _table(doc, f"delivered_within_2pct_at_{b}", f"Delivered within 2 % of the true best after {b} builds (share of seeds)", "share", names)
     lines += _table(doc, "delivered_builds_to_2pct", "Builds until the delivered route is within 2 % of the true best and stays there", "builds", names)
@@ -359,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", type=Path, default=REPO / "docs/search-efficiency.md")
     p.add_argument("--png", type=Path, default=REPO / "docs/img/search-efficiency.png")
     p.add_argument("--report-only", action="store_true", help="re-render the markdown and PNG from the JSON")
+    p.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True, help="the leave-one-model-out transfer rows")
     p.add_argument("--no-docs", action="store_true", help="write only the JSON (e.g. a longer budget for a few strategies)")
     args = p.parse_args(argv)
     if args.report_only:
@@ -392,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
             "paired_measurement": measurement_facts(t, drift_share(sc)),
         }
     doc["results"] = run_all(scenarios, args.strategies, args.seeds, args.budget, args.jobs)
+    if args.transfer:
+        doc["transfer"] = run_transfer(scenarios, args.seeds, args.budget, args.jobs)
     doc["environment"]["loadavg_end"] = list(os.getloadavg())
     if RunSpec(budget=1).sampler in args.strategies and args.budget >= CHOICE_BUDGET and any(sc.held_out for sc in scenarios) and any(not sc.held_out for sc in scenarios):
         doc["choice"] = choose_default(doc)

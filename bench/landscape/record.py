@@ -6,9 +6,12 @@
 Each route runs through the same path as a trial (`make_job` + `run_isolated`, a fresh child per
 route) with two changes: the backend is wrapped by `CaptureBackend` so the engine's outputs per feed
 are kept, and the tolerance is infinite so every route that builds is timed and checked on all feeds
-(the landscape serves any tolerance later). Rounds visit the routes in a fresh random order each, so
-slow drifts of a shared machine spread over all routes; routes that failed deterministically are not
-re-run. Progress is journaled under the study's work_dir, so an interrupted recording resumes, and
+(the landscape serves any tolerance later). The timing is a trial's: exclusive on the device and
+paired with the default route's engine (each round measures the default route first, alone, and
+keeps its engine; every other route of the round is timed against it in ABBA blocks), so each round
+stores the route's paired speedup and the host's load average before and after its measurement.
+Rounds visit the other routes in a fresh random order each, so slow drifts of a shared machine spread
+over all routes; routes that failed deterministically are not re-run. Progress is journaled under the study's work_dir, so an interrupted recording resumes, and
 the landscape file is rewritten after every round.
 """
 
@@ -39,7 +42,7 @@ from tuner.measure.reference import load_reference
 from tuner.objective import fingerprint_part
 from tuner.spec import load_spec
 from tuner.space import Route, route_hash
-from tuner.study.setup import Context
+from tuner.study.setup import Context, seed_routes
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
@@ -61,7 +64,7 @@ class Recorder:
         self.total = len(every)
         if sample is not None and sample < self.total:
             keep = set(random.Random(seed).sample(range(self.total), sample))
-            every = [r for i, r in enumerate(every) if i in keep]
+            every = [r for i, r in enumerate(every) if i in keep or r == space.default_route()]  # the default: what all pair with
         self.routes = every
         self.dir = self.ctx.work_dir / "landscape"
         self.journal = self.dir / "journal.jsonl"
@@ -74,13 +77,17 @@ class Recorder:
         done = self._entries()
         feeds = [feed_key(f) for f in self.ctx.feeds]
         landscape = self.landscape(done)
+        default = self.ctx.space.default_route()
         for rnd in range(self.rounds):
-            order = list(self.routes)
+            order = [r for r in self.routes if r != default]
             random.Random(self.seed * 1000 + rnd).shuffle(order)
-            todo = [r for r in order if self._needs(route_hash(r), rnd, done)]
+            todo = [r for r in [default, *order] if self._needs(route_hash(r), rnd, done)]
+            baseline = self._baseline(rnd, done, feeds) if any(r != default for r in todo) else None
             t0 = time.monotonic()
             for i, route in enumerate(todo, 1):
-                entry = self._measure(route, rnd, feeds)
+                if route == default and route_hash(route) in done and rnd in done[route_hash(route)]:
+                    continue  # measured by `_baseline` for this round
+                entry = self._measure(route, rnd, feeds, baseline=baseline) if route != default else self._measure(route, rnd, feeds)
                 self._append(entry)
                 done.setdefault(entry["key"], {})[rnd] = entry
                 eta = (time.monotonic() - t0) / i * (len(todo) - i)
@@ -97,7 +104,27 @@ class Recorder:
             return False
         return not any(e["status"] in NOT_RERUN for e in have.values())
 
-    def _measure(self, route: Route, rnd: int, feeds: list[str]) -> dict[str, Any]:
+    def _baseline(self, rnd: int, done: dict[str, dict[int, dict[str, Any]]], feeds: list[str]) -> dict[str, Any] | None:
+        """The default route's engine this round's routes are paired with: measured (and journaled) once per round
+        and kept under the journal's folder; None when the default route does not build."""
+        default = self.ctx.space.default_route()
+        kept = self.dir / "baseline" / f"round-{rnd}"
+        engines = sorted(kept.glob("*")) if kept.exists() else []
+        if not engines:
+            entry = self._measure(default, rnd, feeds, keep=kept)
+            if rnd not in done.get(entry["key"], {}):
+                self._append(entry)
+                done.setdefault(entry["key"], {})[rnd] = entry
+            engines = sorted(kept.glob("*")) if kept.exists() else []
+        if not engines:
+            return None
+        from tuner.measure.inputs import file_hash
+
+        return {"trial": -1, "path": str(engines[0]), "sha256": file_hash(engines[0]), "route": default}
+
+    def _measure(self, route: Route, rnd: int, feeds: list[str], baseline: dict[str, Any] | None = None,
+                 keep: Path | None = None) -> dict[str, Any]:
+        """One route measured in a child (paired with `baseline` when given; its engine kept in `keep` when given)."""
         key = route_hash(route)
         entry: dict[str, Any] = {"key": key, "round": rnd, "route": route, "t": round(time.time(), 1), "load1": os.getloadavg()[0]}
         reason = self.ctx.space.check(route)
@@ -106,11 +133,20 @@ class Recorder:
         trial_dir = self.dir / "trial"
         shutil.rmtree(trial_dir, ignore_errors=True)
         spec = self.ctx.spec
-        job = replace(make_job(self.ctx, route, trial_dir / "out"), backend=CAPTURE,
+        pairing: dict[str, Any] = {"baseline": baseline} if baseline else {"role": "baseline"}
+        job = replace(make_job(self.ctx, route, trial_dir / "out", **pairing), backend=CAPTURE,
                       options={**spec.backend.options, OPTION: spec.backend.name}, tolerance=math.inf)
         res = run_isolated(job, trial_dir)
         entry.update(status=res.status, phase=res.phase, message=res.message[:500], build_s=res.build_s,
                      samples_ms=[round(s, 4) for s in res.samples_ms], accuracy=_finite(res.accuracy))
+        if res.paired.get("paired"):
+            entry.update(speedup=res.paired["speedup"], ci=res.paired.get("ci"), stop=res.paired.get("stop"))
+        info = res.timing_info
+        if "loadavg_before" in info:
+            entry["loadavg"] = [info["loadavg_before"][0], info["loadavg_after"][0]]
+        if keep is not None and res.status == J.OK and res.artifact_path and Path(res.artifact_path).is_file():
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(res.artifact_path, keep / Path(res.artifact_path).name)
         if res.latency:
             entry["median_ms"] = res.latency["median"]
         captured = captured_path(self.ctx.work_dir, route)
@@ -129,7 +165,7 @@ class Recorder:
     def _header(self) -> dict[str, Any]:
         c = self.ctx
         return {"model": c.model_sha, "data": c.data_sha, "space": c.space.fingerprint(), "routes": len(self.routes),
-                "metric": c.spec.accuracy.metric, "timing": fingerprint_part(c.spec.objective)}
+                "metric": c.spec.accuracy.metric, "timing": fingerprint_part(c.spec.objective), "pairing": "default-first"}
 
     def _check_journal(self) -> None:
         header = self._header()
@@ -161,7 +197,8 @@ class Recorder:
         for route in self.routes:
             entries = [done[route_hash(route)][r] for r in sorted(done.get(route_hash(route), {}))]
             invalid = next((e["message"] for e in entries if e["status"] == J.INVALID_ROUTE), None)
-            rounds = tuple(Round(e["status"], e["phase"], e.get("message", ""), e.get("build_s"), tuple(e.get("samples_ms", ())))
+            rounds = tuple(Round(e["status"], e["phase"], e.get("message", ""), e.get("build_s"), tuple(e.get("samples_ms", ())),
+                                 e.get("speedup"), (), tuple(e["loadavg"]) if e.get("loadavg") else None)
                            for e in entries if e["status"] != J.INVALID_ROUTE)
             keys = [e["outputs"] for e in entries if e.get("outputs")]
             mismatches += len(set(keys)) > 1
@@ -191,6 +228,7 @@ class Recorder:
             "accuracy": {"metric": spec.accuracy.metric, "tolerance": spec.accuracy.tolerance, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol},
             "objective": fingerprint_part(spec.objective),
             "space": [{"name": p.name, "choices": list(p.choices), "default": p.default} for p in c.space.params],
+            "seed_routes": seed_routes(b, c.model_info, c.space), "pairing": "each round: the default route alone, then every route paired with it",
             "enumeration": {
                 "space_routes": self.total, "recorded_routes": len(self.routes), "subset_seed": self.seed if len(self.routes) < self.total else None,
                 "rounds": self.rounds, "rounds_complete": self._complete_rounds(done), "measured": sum(len(v) for v in done.values()),

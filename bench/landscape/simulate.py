@@ -44,7 +44,7 @@ from tuner.backends.replay.run import CLOCK
 from tuner.measure.exclusive import LOCK_DIR_ENV
 from tuner.space import Route, route_hash
 from tuner.objective import ObjectiveSpec
-from tuner.study import outcome, racing
+from tuner.study import outcome, racing, warm_start
 from tuner.study.reuse import StoredArtifactBackend
 from tuner.study.setup import enqueue_start, seed_routes
 from tuner.study.summary import summarize_study
@@ -85,6 +85,7 @@ class Simulation:
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     racing: bool = True
     recommended: bool = True
+    warm_start: bool = False  # `[run] warm_start = "auto"`: start from the other models' studies in `storage`
     storage: optuna.storages.BaseStorage | None = None
     name: str = "simulated"
     study: optuna.Study = field(init=False)
@@ -106,11 +107,18 @@ class Simulation:
         self.cycles: dict[int, list[list[float]]] = {}  # trial number -> per-cycle log ratios of each paired measurement
         self.delivery: dict[tuple[int, ...], str] = {}  # confirmation candidates -> the route delivered
         self.runs = 0
-        self.study = optuna.create_study(study_name=self.name, storage=self.storage or optuna.storages.InMemoryStorage(),
-                                         sampler=self.sampler, direction="minimize")
-        self.study.set_user_attr("default_route", self.space.default_route())
+        storage = self.storage or optuna.storages.InMemoryStorage()
+        self.study = optuna.create_study(study_name=self.name, storage=storage, sampler=self.sampler, direction="minimize")
+        meta = self.truth.landscape.meta
+        identity = warm_start.identity(meta.get("model", {}).get("sha256", ""), meta.get("environment", {}).get("device", {}))
+        backend = meta["backend"].get("options", {}).get("capture_backend", meta["backend"]["name"])
+        for key, value in {**identity, "backend": backend,
+                           "default_route": self.space.default_route()}.items():
+            self.study.set_user_attr(key, value)
         seeds = seed_routes(self.backend, self.model, self.space) if self.recommended else []
         enqueue_start(self.study, self.space, seeds, budget=10**9)
+        if self.warm_start:
+            warm_start.warm_start(self.study, storage, self.space, self.study.user_attrs["backend"], identity)
 
     # -- the worker's loop ------------------------------------------------------------------------
 

@@ -79,6 +79,11 @@ class Strategy:
             return Run(ev.steps, {}, 0, ev.sim.seconds)
 
 
+def default_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
+    """What a worker of a study with the study file's defaults gets (with `seed` in place of the per-process seed)."""
+    return sampler_for(RunSpec(budget=1), seed, space)
+
+
 def local(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
     return sampler_for(RunSpec(budget=1, sampler="local"), seed, space)
 

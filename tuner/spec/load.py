@@ -14,7 +14,7 @@ from typing import Any
 from tuner.errors import MissingLibrary, SpecError, TunerError, require
 from tuner.objective import settings as objective_settings
 from tuner.objective import value_type
-from tuner.spec.model import DEFAULT_STARTUP_TRIALS, AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
+from tuner.spec.model import DEFAULT_SAMPLER, DEFAULT_STARTUP_TRIALS, AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
 from tuner.store.urls import STORAGE_ENV, normalize_url
 
 SAMPLERS = ("local", "tpe", "random", "gp")
@@ -28,7 +28,7 @@ _SECTIONS: dict[str, set[str]] = {
     "objective": {name for name, _, _ in objective_settings()},
     "backend": {"name", "space", "options"},
     "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials", "racing",
-            "keep_best", "max_disk_mb", "mix_devices"},
+            "warm_start", "keep_best", "max_disk_mb", "mix_devices"},
 }
 
 
@@ -310,7 +310,7 @@ def _backend(r: _Reader) -> BackendSpec:
 
 def _run(r: _Reader) -> RunSpec:
     t = r.table("run")
-    sampler = r.get(t, "run", "sampler", str, "tpe")
+    sampler = r.get(t, "run", "sampler", str, DEFAULT_SAMPLER)
     if sampler not in SAMPLERS:
         raise r.fail("run.sampler", f"expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
     if sampler == "gp":
@@ -326,10 +326,18 @@ def _run(r: _Reader) -> RunSpec:
         seed=r.get(t, "run", "seed", int, 0),
         startup_trials=r.count(t, "run", "startup_trials", DEFAULT_STARTUP_TRIALS, minimum=0),
         racing=r.get(t, "run", "racing", bool, True),
+        warm_start=_choice(r, t, "warm_start", ("auto", "off"), "auto"),
         keep_best=r.count(t, "run", "keep_best", 3),
         max_disk_mb=r.number(t, "run", "max_disk_mb", strict=True) if "max_disk_mb" in t else None,
         mix_devices=r.get(t, "run", "mix_devices", bool, False),
     )
+
+
+def _choice(r: _Reader, t: dict[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = r.get(t, "run", key, str, default)
+    if value not in choices:
+        raise r.fail(f"run.{key}", f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
 
 
 def _check_space(r: _Reader, spec: Spec) -> None:

@@ -70,6 +70,7 @@ class BackendSpec:
 
 
 DEFAULT_STARTUP_TRIALS = 4  # TPE's random start-up trials (chosen by the delivered-route benchmark)
+DEFAULT_SAMPLER = "local"  # chosen by the delivered-route benchmark (docs/search-efficiency.md)
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,11 @@ class RunSpec:
     trial_timeout_s: float = 600.0
     heartbeat_s: float = 5.0
     grace_s: float = 60.0
-    sampler: str = "tpe"
+    sampler: str = DEFAULT_SAMPLER
     seed: int = 0
     startup_trials: int = DEFAULT_STARTUP_TRIALS  # chosen in docs/search-efficiency.md
     racing: bool = True  # re-measure close leaders during the study (tuner.worker.race)
+    warm_start: str = "auto"  # start a new study from other models' studies in the storage (tuner.study.warm_start)
     keep_best: int = 3  # feasible trials whose artifacts `tuner gc` keeps (with the baseline and confirmed ones)
     max_disk_mb: float | None = None  # `tuner run` collects garbage when the work dir grows past this
     mix_devices: bool = False  # workers on other hardware than the study's first may join (timings then mix devices)

@@ -7,8 +7,9 @@ somewhere in its top 20. So each proposal:
 
 1. takes the *centre*: the study's best confirmed route (`tuner.study.racing.best_confirmed`), else
    its best feasible trial, else the default route;
-2. collects the routes not yet tried (finished, running or waiting) within `radius` group moves of
-   it, the radius starting at 1 and widening while that neighbourhood is used up;
+2. collects the routes not yet tried (finished, running or waiting) within `radius + REACH` group
+   moves of it, the radius starting at 1 and widening while the nearest ring is used up (so the
+   surrogate may pick a combination of two moves it learnt are good before every single move was tried);
 3. ranks them by the surrogate (`tuner.study.surrogate`: random forests fitted on every outcome —
    timed, slow, infeasible, failed — plus any observations carried over from other studies) and
    proposes the best, a random one before the surrogate has anything to learn from.
@@ -37,6 +38,8 @@ from tuner.study.surrogate import Encoder, Observation, Surrogate
 
 WARM_START_ATTR = "warm_start"  # study user attribute: {"sources": [...], "observations": [...]} (tuner.study.warm_start)
 PENDING = (TrialState.RUNNING, TrialState.WAITING)
+REACH = 1  # candidates also one group move beyond the nearest ring with an untried route (measured: MiniLM-strict, 4 of 6
+# seeds built the best route within 60 trials, against 2 of 6 with the nearest ring alone)
 
 
 class LocalSearchSampler(optuna.samplers.BaseSampler):
@@ -60,7 +63,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         centre = self.centre(trials, study)
         candidates: list[Route] = []
         for radius in range(1, len(self.groups.groups) + 1):
-            candidates = [r for r in self.groups.within(centre, radius) if canonical_route(r) not in tried]
+            candidates = [r for r in self.groups.within(centre, radius + REACH) if canonical_route(r) not in tried]
             if candidates:
                 break
         if not candidates:

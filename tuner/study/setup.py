@@ -30,6 +30,7 @@ from tuner.store.db import check_reachable, get_engine, schema_lock, study_lock,
 from tuner.store.models import StudyRecord
 from tuner.store.readonly import has_optuna_schema
 from tuner.store.urls import mask_credentials, mask_url
+from tuner.study import warm_start
 from tuner.study.fingerprint import DEVICE, completed, device_problem, differences, study_fingerprint
 from tuner.study.optuna_adapter import open_storage
 
@@ -173,7 +174,11 @@ def prepare(ctx: Context) -> optuna.Study:
                 s.add(StudyRecord(name=ctx.spec.study, uid=uuid.uuid4().hex, fingerprint=fingerprint,
                                   spec_text=mask_credentials(ctx.spec.path.read_text(), ctx.url), created_at=time.time()))
         study = optuna.create_study(study_name=ctx.spec.study, storage=storage, direction="minimize", load_if_exists=True)
-        if not study.user_attrs.get("tuner_version"):
+        created = not study.user_attrs.get("tuner_version")
+        identity = warm_start.identity(ctx.model_sha, ctx.backend.device())
+        if created:
+            for key, value in identity.items():
+                study.set_user_attr(key, value)
             study.set_metric_names(METRIC_NAMES)
             study.set_user_attr("tuner_version", __version__)
             study.set_user_attr("backend", ctx.spec.backend.name)
@@ -184,6 +189,8 @@ def prepare(ctx: Context) -> optuna.Study:
             for key, value in ctx.backend.study_attrs(ctx.model_info).items():
                 study.set_user_attr(key, value)
         enqueue_start(study, ctx.space, seeds, ctx.spec.run.budget)
+        if created and ctx.spec.run.warm_start == "auto":  # other models' winners, after the default and the recommended routes
+            warm_start.warm_start(study, storage, ctx.space, ctx.spec.backend.name, identity)
     return study
 
 

@@ -81,7 +81,7 @@ class Worker:
         self.child_env = child_env or {}
         self.name = f"w{index}-{os.getpid()}"
         self.owner = Owner(self.name)
-        self.study = ctx.load(make_sampler(self.spec.run, index))
+        self.study = ctx.load(make_sampler(self.spec.run, index, ctx.space))
         self.study_id = oa.study_id(self.study)
         self.leases = Leases(ctx.url, self.spec.study)
         self.results = ResultStore(ctx.url)

@@ -1,0 +1,129 @@
+"""The local-search sampler: knob groups, neighbourhoods, every outcome learnt from, no collisions; the warm start."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.space import Param, SearchSpace, canonical_route
+from tuner.space.groups import knob_groups
+from tuner.spec import RunSpec
+from tuner.study import warm_start
+from tuner.study.local_search import WARM_START_ATTR
+from tuner.study.sampler import sampler_for
+
+SPACE = SearchSpace((
+    Param("precision", ("fp32", "fp16", "int8"), "fp32"),
+    Param("keep", ("some", "none"), "some", when=lambda r: r["precision"] == "fp16"),
+    Param("fusion", (False, True), False),
+    Param("attention", (True, False), True, when=lambda r: bool(r["fusion"])),
+    Param("threads", (0, 1, 2), 0),
+))
+
+
+def latency(route: dict) -> float:
+    """Fastest: fp16 with nothing kept (two one-knob moves away), fusion without attention, 1 thread."""
+    ms = {"fp32": 40.0, "fp16": 30.0, "int8": 20.0}[route["precision"]]
+    ms *= 0.5 if route.get("keep") == "none" else 1.0
+    ms *= 0.8 if route["fusion"] and not route.get("attention", True) else 1.1 if route["fusion"] else 1.0
+    return ms * (0.7 if route["threads"] == 1 else 1.0)
+
+
+def test_a_knob_and_the_sub_knobs_it_activates_are_one_group() -> None:
+    g = knob_groups(SPACE)
+    assert g.groups == (("precision", "keep"), ("fusion", "attention"), ("threads",))
+    default = SPACE.default_route()
+    assert g.distance(default, SPACE.complete({"precision": "fp16", "keep": "none"})) == 1  # one move, not two
+    assert len(list(g.moves(default))) == 3 + 2 + 2  # precision group: fp16/some, fp16/none, int8; fusion: 2; threads: 2
+    assert all(g.distance(default, r) == 1 for r in g.within(default, 1))
+
+
+def _study(seed: int, space: SearchSpace = SPACE, storage=None, name=None) -> optuna.Study:
+    study = optuna.create_study(sampler=sampler_for(RunSpec(budget=1, sampler="local"), seed, space), storage=storage, study_name=name)
+    study.enqueue_trial(space.default_route(), user_attrs={"source": "baseline"})
+    return study
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, route: dict) -> None:
+    infeasible = route["precision"] == "int8"  # fast but inaccurate: COMPLETE with a violated constraint
+    trial.set_constraint("accuracy", 1.0 if infeasible else -1.0)
+    trial.set_constraint("failure", -1.0)
+    study.tell(trial, latency(route))
+
+
+def test_the_local_search_finds_the_best_route_without_repeating_one() -> None:
+    best = min(SPACE.routes(), key=lambda r: (r["precision"] == "int8", latency(r)))
+    for seed in range(5):
+        study = _study(seed)
+        seen = []
+        for _ in range(14):
+            trial = study.ask()
+            route = SPACE.suggest(trial)
+            assert canonical_route(route) not in seen, f"seed {seed} repeated {route}"
+            seen.append(canonical_route(route))
+            _tell(study, trial, route)
+        assert canonical_route(best) in seen, f"seed {seed}"  # 14 of the space's 24 routes
+
+
+def test_parallel_proposals_do_not_collide_with_running_trials() -> None:
+    study = _study(0)
+    first = study.ask()
+    _tell(study, first, SPACE.suggest(first))
+    running = [study.ask() for _ in range(6)]
+    routes = [canonical_route(SPACE.suggest(t)) for t in running]  # all six in flight at once
+    assert len(set(routes)) == 6
+
+
+def test_a_pruned_failure_teaches_the_surrogate_too() -> None:
+    from tuner.study.local_search import observation
+
+    study = optuna.create_study()
+    t = study.ask()
+    SPACE.suggest(t)
+    t.set_constraint("accuracy", 0.0)
+    t.set_constraint("failure", 1.0)
+    t.set_user_attr("failure_class", "build-error")
+    study.tell(t, state=TrialState.PRUNED)
+    o = observation(study.trials[0], {}, 40.0)
+    assert o is not None and o.feasible is False and o.log_ratio is None
+
+
+def test_a_warm_start_takes_other_models_winners_never_the_same_models(tmp_path) -> None:
+    storage = optuna.storages.InMemoryStorage()
+    for name, model in (("other-model", "m2"), ("same-model", "m1")):
+        src = optuna.create_study(storage=storage, study_name=name)
+        for key, value in {**warm_start.identity(model, {"cpu": "x"}), "backend": "onnxruntime"}.items():
+            src.set_user_attr(key, value)
+        for route, source in ((SPACE.default_route(), "baseline"), (SPACE.complete({"precision": "fp16", "keep": "none"}), None)):
+            src.enqueue_trial(route, user_attrs={"source": source} if source else {})
+            t = src.ask()
+            SPACE.suggest(t)
+            _tell(src, t, route)
+        src.set_user_attr("confirmation", {"winner_trial": 1})
+    study = _study(0, storage=storage, name="new")
+    doc = warm_start.warm_start(study, storage, SPACE, "onnxruntime", warm_start.identity("m1", {"cpu": "x"}))
+    assert [s["study"] for s in doc["sources"]] == ["other-model"]  # the same model is never a source
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs.get("source") for t in waiting] == ["baseline", "warm-start"]  # after the default
+    assert waiting[1].system_attrs["fixed_params"] == SPACE.complete({"precision": "fp16", "keep": "none"})
+    assert len(study.user_attrs[WARM_START_ATTR]["observations"]) == 2
+
+
+def test_a_route_projects_onto_another_space() -> None:
+    other = SearchSpace((Param("precision", ("fp32", "fp16"), "fp32"), Param("threads", (0, 1), 0)))
+    assert warm_start.project({"precision": "int8", "threads": 1, "fusion": True}, other) == {"precision": "fp32", "threads": 1}
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_warm_start_is_a_run_setting(tmp_path, mode: str) -> None:
+    from tests.conftest import to_toml
+    from tests.models import conv_model
+    from tuner.spec import load_spec
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(to_toml({"study": {"name": "s"}, "model": {"path": str(conv_model(tmp_path / "m.onnx"))},
+                             "accuracy": {"metric": "max_abs", "tolerance": 1.0}, "backend": {"name": "onnxruntime"},
+                             "run": {"budget": 2, "warm_start": mode}}))
+    run = load_spec(spec).run
+    assert run.warm_start == mode and run.sampler == "local"
