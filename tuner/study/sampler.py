@@ -6,10 +6,11 @@ Measured on recorded landscapes (docs/search-efficiency.md, 20 seeds): building 
 instead took TPE from 2.3-3 trials per build (300 trials for 80 builds on MiniLM) to 1.03-1.08, and
 the median builds until the best route from 94/22/21/48 to 32/16/20/31 on the four scenarios.
 
-The default TPE has 4 random start-up trials (`RunSpec.startup_trials`), chosen by the route it
-*delivers* after paired measurement and racing, on three tuning scenarios: at 30 builds it delivered
-within 2 % of the true best in 60/100/90 % of seeds against 55/95/85 % with 8 start-up trials, and
-40 % against 40 % on the held-out MiniLM-strict scenario (`bench/results/search-efficiency.json`).
+The default sampler is "local" (`tuner.study.local_search`: a local search over knob groups with a
+random-forest surrogate), chosen by the route it *delivers* through the tuner's own study code on the
+recorded landscapes: within 2 % of the true best after 30 builds in 90/100/100/40 % of seeds on the
+tuning scenarios against 40/90/90/50 % for TPE with 4 start-up trials ("tpe", the previous default),
+and 100 % on the held-out H200 one (`bench/results/search-efficiency.json`, docs/search-efficiency.md).
 """
 
 from __future__ import annotations
