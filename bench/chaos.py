@@ -4,7 +4,7 @@ Faults, in a seeded order, each when a seeded number of trials has finished: SIG
 worker (x2) and of a random trial child (x3), SIGSTOP of a worker until its trial is reaped (past
 `grace_s`) then SIGCONT, a real PostgreSQL restart, a long database outage, a full work dir, and:
 - `stop_baseline`: first of all, the worker of trial 0 (the baseline) is SIGSTOPped until it is reaped;
-- `stop_in_lock`: a worker caught holding the study lock (inside reserve, reap or tell: the holder of
+- `stop_in_lock`: a worker caught holding the study lock and a trial (inside reserve or tell: the holder of
   the advisory lock, traced from the server's session to the process through the proxy) is
   SIGSTOPped until its trial is reaped;
 - `commit_drops`: the connection is broken after the COMMIT and before its reply, once at each step
@@ -451,7 +451,7 @@ class Seed:
         return {"skipped": "trial 0 was never leased"}
 
     def stop_in_lock(self) -> dict[str, Any]:
-        """SIGSTOP a worker while it holds the study lock (inside reserve, reap or tell) until its trial is reaped."""
+        """SIGSTOP a worker while it holds the study lock and a trial (inside reserve or tell) until that trial is reaped."""
         key = lock_key(f"route-tuner:chaos-{self.seed}")
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
@@ -459,11 +459,11 @@ class Seed:
                                        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s",
                           ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
             pid = _owner_of_port(self.proxy.clients.get(int(rows[0][0]), -1)) if rows and rows[0][0] else None
-            if pid is not None and pid in self.workers_now():
-                leased = _query(self.direct, "SELECT count(*) FROM tuner_leases WHERE pid = %s AND state = 'running'", (pid,))[0][0]
-                return {**self._stop_until_reaped(pid, (pid, 0)), "had_a_lease": bool(leased)}
+            if pid is not None and pid in self.workers_now() and _query(
+                    self.direct, "SELECT count(*) FROM tuner_leases WHERE pid = %s AND state = 'running'", (pid,))[0][0]:
+                return self._stop_until_reaped(pid, (pid,))  # it holds a trial: after asking for it, or telling it
             time.sleep(0.02)
-        return {"skipped": "no worker was seen holding the study lock"}
+        return {"skipped": "no worker with a trial was seen holding the study lock"}
 
     def commit_drops(self) -> dict[str, Any]:
         """Break the connection after the next COMMIT of each lifecycle step (which fired is measured at the end)."""
