@@ -27,6 +27,11 @@ class FixedCostBackend(Backend):
 
     name = "fixed-cost"
     options = (BUILD_S, IDLE_BUILD)
+    preload = ("onnxruntime", "tuner.backends.onnxruntime.run")
+
+    def fork_safe(self, route: Route) -> bool:
+        """Its engines run on ONNX Runtime's CPU provider: a forked child is as good as a fresh one."""
+        return True
 
     def version(self) -> str:
         return "1"

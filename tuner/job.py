@@ -102,9 +102,13 @@ class Job:
     baseline: dict[str, Any] | None = None  # the baseline engine to pair with: {"trial", "path", "sha256", "route"}
     baseline_gate: str | None = None  # no baseline yet: wait on this gate for it (tuner.worker.timing.BaselineGate)
     incumbent: float | None = None  # stop as `slow` when the speedup interval lies entirely below this
+    incumbent_high: float | None = None  # stop as `ahead` when it lies entirely above this
     # The build occupies the host's cores (`Backend.build_uses_host_cores`): the child then starts and builds
     # under a shared hold of the host lock (tuner.measure.exclusive), so no CPU timing runs meanwhile.
     build_holds_cores: bool = True
+    # Fork the child from a server that has imported these modules (`Backend.fork_safe`, tuner.worker.forkserver);
+    # None: a fresh interpreter.
+    preload: list[str] | None = None
 
     def write(self, path: Path) -> None:
         """Save as JSON."""
@@ -133,6 +137,7 @@ class Result:
     memory_kind: str = ""  # "host-rss" or "device"
     latency: dict[str, float] | None = None
     samples_ms: list[float] = field(default_factory=list)
+    baseline_samples_ms: list[float] = field(default_factory=list)  # the baseline engine's, when timed paired
     accuracy: float | None = None
     accuracy_per_output: dict[str, float] = field(default_factory=dict)
     timing_info: dict[str, Any] = field(default_factory=dict)

@@ -242,6 +242,16 @@ class Backend(abc.ABC):
         for module, install in self.requires:
             require(module, f"the {self.name} backend", install)
 
+    preload: tuple[str, ...] = ()  # modules a pre-imported child server imports for this backend (see `fork_safe`)
+
+    def fork_safe(self, route: Route) -> bool:
+        """Whether `route`'s trial child may be forked from a server that imported `preload` (False: a fresh interpreter).
+
+        Only where nothing imported initialises a device runtime: CUDA cannot be used in a child
+        forked after its parent initialised it, so GPU routes keep a fresh process.
+        """
+        return False
+
     def build_uses_host_cores(self, options: Mapping[str, Any]) -> bool:
         """Whether `build` keeps this host's CPU cores busy, so that a CPU timing must wait for it (True by default)."""
         return True

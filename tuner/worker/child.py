@@ -1,6 +1,7 @@
 """The trial's child process: build -> load -> quick accuracy gate -> timing -> full accuracy.
 
-Run as `python -m tuner.worker.child JOB.json RESULT.json`. Whatever happens inside (a segfault in a
+Run as `python -m tuner.worker.child JOB.json RESULT.json`, or forked from a server started as
+`python -m tuner.worker.child --serve FD MODULE...` (`tuner.worker.forkserver`). Whatever happens inside (a segfault in a
 native compiler, a hang, an out-of-memory kill) ends this process only; the worker classifies it.
 The current phase is written to RESULT.json.phase before each step so a crash can be attributed.
 Each phase is one function below; `run_job` strings them together and classifies what they raise.
@@ -194,4 +195,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        from tuner.worker.forkserver import serve
+
+        sys.exit(serve(int(sys.argv[2]), sys.argv[3:]))
     sys.exit(main(sys.argv[1:]))

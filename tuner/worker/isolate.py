@@ -4,6 +4,8 @@ The child starts under a shared hold of the host lock taken here and handed down
 (`tuner.measure.exclusive`): its start-up never overlaps another worker's CPU timing.
 The child is tied to this process (`PR_SET_PDEATHSIG`, see `tuner.worker.lifeline`) and carries its
 own deadline, so it never outlives a worker killed with SIGKILL and never hangs on as an orphan.
+Where the job allows it (`Job.preload`, from `Backend.fork_safe`) the child is forked from a server
+that has imported what it needs (`tuner.worker.forkserver`) instead of being a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from tuner import job as J
 from tuner.measure.exclusive import HOST, STARTUP_HOLD_ENV, DeviceLock
 from tuner.store.urls import env_without_credentials
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
+from tuner.worker.forkserver import Child, start_child
 from tuner.worker.lifeline import PARENT_ENV
 
 class ChildHandle:
@@ -30,7 +32,7 @@ class ChildHandle:
     """
 
     def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
         self.killed = False
 
     def kill(self) -> None:
@@ -54,7 +56,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_isolated(job: J.Job, trial_dir: Path, handle: ChildHandle | None = None, env: dict[str, str] | None = None) -> J.Result:
-    """Run `job` in `python -m tuner.worker.child` and return its result, whatever happened to it."""
+    """Run `job` in a child (`python -m tuner.worker.child`, or forked from its server) and return its result, whatever happened to it."""
     job_path, result_path, log_path = trial_dir / "job.json", trial_dir / "result.json", trial_dir / "child.log"
     handle = handle or ChildHandle()
     try:
@@ -69,12 +71,10 @@ def run_isolated(job: J.Job, trial_dir: Path, handle: ChildHandle | None = None,
         return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=f"could not prepare {trial_dir}: {fault}")
     with log:
         with DeviceLock(HOST).shared() if job.build_holds_cores else contextlib.nullcontext() as hold:
-            handed = hold is not None and hold.held
-            handle.proc = proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.worker.child", str(job_path), str(result_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                pass_fds=(hold.fd,) if handed else (), env=child_env({**(env or {}), **({STARTUP_HOLD_ENV: str(hold.fd)} if handed else {})}),
-            )
+            kept = hold.fd if hold is not None and hold.held else None
+            handed = {STARTUP_HOLD_ENV: str(kept)} if kept is not None else {}
+            handle.proc = proc = start_child([str(job_path), str(result_path)], child_env({**(env or {}), **handed}), log.fileno(), kept,
+                                             job.preload, child_env())
         if handle.killed:  # a stop arrived while the child was being started
             _killpg(proc.pid)
         timed_out = False

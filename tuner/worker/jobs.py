@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import job as J
+from tuner.backends.base import Backend
 from tuner.objective import cache_part
 from tuner.spec import Spec
 from tuner.study.setup import Context
@@ -27,6 +28,11 @@ def measure_settings(spec: Spec) -> dict[str, Any]:
             "gate": spec.data.gate_samples, "timing": cache_part(spec.objective)}
 
 
+def preload(backend: Backend, route: dict[str, Any]) -> list[str] | None:
+    """What a pre-imported child server imports for `route` (the backend's module first), or None: a fresh interpreter."""
+    return [type(backend).__module__, *backend.preload] if backend.fork_safe(route) else None
+
+
 def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any) -> J.Job:
     """The child's job for building and measuring `route` of the study `ctx`.
 
@@ -41,5 +47,5 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
         reference_path=str(ctx.reference_path), metric=spec.accuracy.metric, tolerance=spec.accuracy.tolerance,
         atol=spec.accuracy.atol, rtol=spec.accuracy.rtol, gate_samples=spec.data.gate_samples,
         timeout_s=spec.run.trial_timeout_s, objective=spec.objective,
-        build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options), **pairing,
+        build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options), preload=preload(ctx.backend, route), **pairing,
     )

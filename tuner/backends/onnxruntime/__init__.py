@@ -28,6 +28,11 @@ class OnnxRuntimeBackend(Backend):
         Option("num_heads", int, 0, "attention heads, for the transformer optimizer (0: detect)"),
         Option("hidden_size", int, 0, "hidden size, for the transformer optimizer (0: detect)"),
     )
+    preload = ("onnxruntime", "onnx", "tuner.backends.onnxruntime.build", "tuner.backends.onnxruntime.run", "tuner.study.reuse")
+
+    def fork_safe(self, route: Route) -> bool:
+        """CPU routes: importing ONNX Runtime initialises no device; the CUDA provider keeps a fresh process."""
+        return route.get("provider", "cpu") == "cpu"
 
     def version(self) -> str:
         """ONNX Runtime's version and the session settings every timed session gets (part of the cache key)."""

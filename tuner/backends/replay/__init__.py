@@ -69,6 +69,10 @@ class ReplayBackend(Backend):
     def _landscape(self, model: ModelInfo) -> Landscape:
         return self.landscape if self.landscape is not None else landscape_of(model)
 
+    def fork_safe(self, route: Route) -> bool:
+        """Replayed engines touch no device."""
+        return True
+
     def version(self) -> str:
         from tuner import __version__
 

@@ -1,0 +1,129 @@
+"""Trial children forked from a pre-imported server (tuner.worker.forkserver): the same isolation as a fresh one.
+
+Real processes and real signals: the server is a real `python -m tuner.worker.child --serve`, the
+children real forks of it running real ONNX Runtime; every wait is for an announced event.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SpecWriter
+from tests.helpers import wait_for_file
+from tuner import job as J
+from tuner.backends.onnxruntime import OnnxRuntimeBackend
+from tuner.spec import load_spec
+from tuner.study.setup import Context
+from tuner.worker import forkserver
+from tuner.worker.isolate import run_isolated
+from tuner.worker.jobs import make_job
+
+FAULT = "tests.backends:FaultBackend"
+
+
+def _context(write_spec: SpecWriter, tmp_path: Path, **overrides: object) -> Context:
+    return Context(load_spec(write_spec(**overrides)), f"sqlite:///{tmp_path / 'x.db'}")
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_cpu_trials_are_forked_from_one_server_and_gpu_routes_are_not(write_spec: SpecWriter, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    ctx = _context(write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {}}})
+    route = ctx.space.default_route()
+    job = make_job(ctx, route, tmp_path / "a" / "out")
+    assert job.preload is not None and job.preload[0] == "tests.backends"
+    assert OnnxRuntimeBackend().fork_safe({**route, "provider": "cuda"}) is False  # a GPU route: a fresh interpreter
+    first = run_isolated(job, tmp_path / "a")
+    second = run_isolated(make_job(ctx, route, tmp_path / "b" / "out"), tmp_path / "b")
+    assert first.status == second.status == J.OK, (first.message, second.message)
+    (server,) = forkserver._SERVERS.values()
+    assert server.alive() and server.proc.args[:4] == [sys.executable, "-m", "tuner.worker.child", "--serve"]
+
+
+def test_a_forked_child_looks_like_a_fresh_one_and_dies_with_its_server(write_spec: SpecWriter, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    ctx = _context(write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}}})
+    job = make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out")
+    results: list[J.Result] = []
+    import threading
+
+    runner = threading.Thread(target=lambda: results.append(run_isolated(job, tmp_path / "t")))
+    runner.start()
+    wait_for_file(markers / "orphan-0", None)
+    child, parent = map(int, (markers / "orphan-0").read_text().split())
+    server = forkserver._SERVERS[tuple(job.preload or ())]
+    assert parent == server.proc.pid != os.getpid()
+    cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+    assert b"tuner.worker.child" in cmdline and str(tmp_path / "t" / "job.json").encode() in cmdline
+    assert os.getpgid(child) == child  # its own process group: a timeout kills the whole group
+    environ = Path(f"/proc/{child}/environ").read_bytes() + Path(f"/proc/{server.proc.pid}/environ").read_bytes()
+    assert b"TUNER_STORAGE" not in environ
+    os.kill(server.proc.pid, signal.SIGKILL)
+    runner.join(timeout=60)
+    assert results and results[0].status == J.ENVIRONMENT_ERROR, results  # SIGKILL from outside
+    assert "SIGKILL" in results[0].message
+    deadline = time.monotonic() + 5.0
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists(), "the forked child outlived its server"
+    again = run_isolated(make_job(ctx, ctx.space.default_route(), tmp_path / "u" / "out"), tmp_path / "u")  # a new server
+    assert again.status == J.OK, again.message
+
+
+STARTER = textwrap.dedent('''
+    import sys
+    from pathlib import Path
+    from tuner import job as J
+    from tuner.worker.isolate import run_isolated
+    run_isolated(J.Job.read(Path(sys.argv[1])), Path(sys.argv[2]))
+''')
+
+
+def test_the_forked_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec: SpecWriter, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    ctx = _context(write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}}})
+    job = make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out")
+    ctx.reference_path  # noqa: B018 - computed here, not in the starter
+    job.write(tmp_path / "job.json")
+    worker = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path / "job.json"), str(tmp_path / "t")],
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = 0
+    try:
+        wait_for_file(markers / "orphan-0", worker)
+        child, server = map(int, (markers / "orphan-0").read_text().split())
+        assert _parent_of(server) == worker.pid  # the child's parent is the worker's server
+        worker.kill()
+        worker.wait()
+        deadline = time.monotonic() + 5.0
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{child}").exists(), "the forked child outlived its SIGKILLed worker by 5 s"
+        assert not Path(f"/proc/{server}").exists()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        if child and Path(f"/proc/{child}").exists():
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("fault, status", [("segfault", J.CRASH_SIGNAL), ("hang", J.TIMEOUT)])
+def test_crashes_and_hangs_of_a_forked_child_are_classified_as_before(fault: str, status: str, write_spec: SpecWriter, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    ctx = _context(write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": fault}},
+                                            "run.trial_timeout_s": 3.0})
+    job = make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out")
+    assert job.preload is not None
+    res = run_isolated(job, tmp_path / "t")
+    assert res.status == status, res.message
+    assert ("SIGSEGV" in res.message) if fault == "segfault" else ("no result after 3 s (during build)" in res.message)
