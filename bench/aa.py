@@ -2,6 +2,7 @@
 
     python bench/aa.py replay [--studies 200]   # in-process studies on a replay landscape of identical routes
     python bench/aa.py cpu [--studies 5]        # real `tuner run` studies on no-op knobs, this machine's CPU
+    python bench/aa.py cpu --busy               # the same with another process keeping one core busy (part "cpu-busy")
 
 *replay*: a landscape where every route is the same engine with realistic measured noise. It is made
 from a recorded landscape (bench/landscapes/): the timed rounds of every route that computes the
@@ -9,9 +10,10 @@ default route's outputs, each rescaled to the default route's true latency (so a
 measured deviation from its own route's level), pooled, and given to *every* route. Each study is
 what `tuner run` does, in-process: the default sampler (`make_sampler`) asks, the route is answered
 by the landscape (`bench.landscape.oracle`, a random recorded round, bootstrap-resampled), the
-outcome is told with `tuner.study.outcome.record`; then the end-of-study confirmation's own pieces
-(`pick_candidates`, `rounds_needed`, `_judge`) judge the top candidates over rounds drawn the same
-way, and `tuner.study.verdict.decide` gives the headline. A study "reports a speedup" when that
+outcome is told with `tuner.study.outcome.record`; then the end-of-study confirmation's own code
+(`pick_candidates`, `run_rounds` with its stopping rule, `judge`) judges the top candidates, each
+confirmation process replayed from a recorded round of each engine (`replay_process`), and
+`tuner.study.verdict.decide` gives the headline. A study "reports a speedup" when that
 verdict is `speedup`. The study's own figure (best vs default as measured in the study, what the
 headline was before confirmation) is recorded beside it.
 
@@ -28,6 +30,7 @@ that file, and the other part, are kept), with the load average and the time bes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -47,11 +50,14 @@ import optuna
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.busy import busy_core  # noqa: E402
 from bench.landscape.oracle import Oracle  # noqa: E402
 from bench.landscape.strategies import TRIAL_CAP, Evaluator, ours_sampler  # noqa: E402
 from tuner import job as J  # noqa: E402
 from tuner.backends.replay.landscape import Landscape, Point, load_landscape  # noqa: E402
 from tuner.measure.exclusive import LOCK_DIR_ENV  # noqa: E402
+from tuner.measure.paired import block_statistic  # noqa: E402
+from tuner.measure.speedup import speedup_from_log_ratios  # noqa: E402
 from tuner.worker import confirm as C  # noqa: E402
 from tuner.study import outcome  # noqa: E402
 from tuner.study.summary import summarize_study  # noqa: E402
@@ -87,6 +93,29 @@ def identical_landscape(name: str, source: Landscape, oracle: Oracle) -> tuple[L
     return Landscape(source.meta, points, source.feeds, source.reference, source.outputs), about
 
 
+REPLAY_BLOCKS = 12  # block pairs of a replayed confirmation process
+
+
+def replay_process(oracle: Oracle, rng: np.random.Generator, default: dict[str, Any], route: dict[str, Any]) -> J.Result:
+    """One confirmation process replayed: a recorded round of each engine (a process's level and noise), resampled
+    into REPLAY_BLOCKS blocks each; the pairs' log(default / candidate) block statistics are its per-cycle log ratios."""
+    stat = oracle.statistic
+
+    def blocks(r: dict[str, Any]) -> list[float]:
+        point = oracle.landscape.point(r)
+        timed = [x for x in point.rounds if x.status == J.OK and x.timed]  # type: ignore[union-attr]
+        samples = np.asarray(timed[int(rng.integers(len(timed)))].samples_ms)
+        size = max(3, samples.size // REPLAY_BLOCKS)
+        return [block_statistic(list(rng.choice(samples, size=size)), stat) for _ in range(REPLAY_BLOCKS)]
+
+    a, b = blocks(default), blocks(route)
+    d = [float(x) for x in np.log(a) - np.log(b)]
+    s = speedup_from_log_ratios(d, 0.95)
+    return J.Result(status=J.OK, latency={stat: float(np.median(b))}, paired={
+        "paired": True, "log_ratios": d, "speedup": s.estimate, "ci": [s.low, s.high], "cycles": len(d),
+        "baseline_latency": {stat: float(np.median(a))}})
+
+
 def replay_study(oracle: Oracle, seed: int, trials: int, top_k: int, confidence: float) -> dict[str, Any]:
     """One A/A study: search with the default sampler, confirm like `tuner run`, decide the headline."""
     rng = np.random.default_rng([seed, 11])
@@ -103,17 +132,18 @@ def replay_study(oracle: Oracle, seed: int, trials: int, top_k: int, confidence:
     doc: dict[str, Any] = {"study_best_trial": summary.best.number if summary.best else None,
                            "baseline_trial": summary.baseline.number if summary.baseline else None, "confidence": confidence}
     candidates = C.pick_candidates(frozen, summary.baseline, top_k) if summary.baseline else []
-    if candidates:
-        rounds = max(C.rounds_needed(confidence, len(candidates)), 8)
-        entries = [C.Entry(summary.baseline, "default")] + [C.Entry(t, f"trial {t.number}") for t in candidates]  # type: ignore[arg-type]
-        for _ in range(rounds):  # each round: every route once, a fresh "process" (a random recorded round) each
-            for e in entries:
-                e.medians.append(float(oracle.evaluate(dict(e.trial.params), rng, gate=False).latency[oracle.statistic]))
-        doc.update(C._judge(entries, rounds, confidence, oracle.statistic))
+    if candidates and summary.baseline is not None:
+        default = dict(summary.baseline.params)
+        entries = [C.Candidate(t) for t in candidates]
+        level = C.interval_level(confidence, len(entries), C.DEFAULT_ROUNDS)
+        stopped = C.run_rounds(entries, lambda t, r: replay_process(oracle, rng, default, dict(t.params)), C.DEFAULT_ROUNDS, level,
+                               oracle.statistic, lambda event: None)
+        doc.update(C.judge(entries, level, confidence, C.DEFAULT_ROUNDS, stopped, oracle.statistic))
     else:
         doc.update(verdict=C.NOTHING_TO_CONFIRM, rounds=0, candidates=[], message="nothing to confirm")
     head = decide(summary, doc, frozen)
-    return {"seed": seed, "trials": len(frozen), "verdict": head.verdict, "speedup": _r(head.estimate.speedup if head.estimate else None),
+    return {"seed": seed, "trials": len(frozen), "verdict": head.verdict, "confirm_rounds": doc.get("rounds"),
+            "speedup": _r(head.estimate.speedup if head.estimate else None),
             "ci": _r(head.estimate.ci if head.estimate else None), "study_speedup": _r(summary.speedup)}  # the study's best vs default: the headline before confirmation
 
 
@@ -260,14 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=None, help="candidates confirmed (default: 3 replay, as `tuner run`; 1 cpu, to stay short)")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--timing-cap-s", type=float, default=3.0, help="cpu: each trial's timing cap (the study file's objective.timing_cap_s)")
+    p.add_argument("--busy", action="store_true", help="cpu: keep one core busy with another process throughout (bench/busy.py)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="the results file (default: bench/results/measurement.json)")
     args = p.parse_args(argv)
     replay_part = args.part == "replay"
     args.studies = args.studies or (200 if replay_part else 5)
     args.trials = args.trials or (20 if replay_part else 6)
     args.top_k = args.top_k or (3 if replay_part else 1)
-    doc = run_replay(args) if replay_part else run_cpu(args)
-    write_part(args.part, doc)
-    print(f"{args.part}: {doc['reported_speedup']}/{doc['studies']} A/A studies reported a speedup "
+    part = args.part + ("-busy" if args.busy and not replay_part else "")
+    if replay_part:
+        doc = run_replay(args)
+    else:
+        with busy_core() if args.busy else contextlib.nullcontext() as busy:
+            doc = {**run_cpu(args), **({"busy": busy.describe()} if busy else {})}
+    write_part(part, doc, args.out)
+    print(f"{part}: {doc['reported_speedup']}/{doc['studies']} A/A studies reported a speedup "
           f"({doc['false_win_rate']:.1%}, 95% CI {doc['false_win_rate_ci95'][0]:.1%}-{doc['false_win_rate_ci95'][1]:.1%}; target <= {TARGET:.0%}); "
           f"the study's own estimate was above 1.0 in {doc['study_estimate_above_1']} (max {doc['study_estimate_max']}x)")
     return 0 if doc["met"] else 1

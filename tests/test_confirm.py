@@ -19,7 +19,7 @@ from tuner.worker import confirm as C
 from tuner.study import verdict as V
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
-from tuner.measure.speedup import min_rounds, signed_rank_counts, speedup_interval
+from tuner.measure.speedup import min_rounds, signed_rank_counts, speedup_from_log_ratios, speedup_interval
 from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
@@ -54,10 +54,10 @@ def test_interval_rarely_invents_a_win_from_noise() -> None:
     assert wins / 400 <= 0.04  # exact one-sided rate is 5/256 < 2%
 
 
-def test_too_few_rounds_are_refused() -> None:
-    with pytest.raises(ValueError, match="need at least 6"):
-        speedup_interval([1.0] * 5, [1.0] * 5, 0.95)
-    assert C.rounds_needed(0.95, 3) == 7  # Bonferroni: each of 3 intervals at 98.3%
+def test_the_intervals_pay_for_the_candidates_and_the_looks() -> None:
+    assert C.looks(8) == 8 - C.MIN_ROUNDS + 1
+    assert C.interval_level(0.95, 3, 8) == pytest.approx(1 - 0.05 / (3 * C.looks(8)))
+    assert C.interval_level(0.95, 1, C.MIN_ROUNDS) == pytest.approx(0.95)  # one candidate, one look: the level asked for
 
 
 def _trial(number: int, noop: str, value: float, accuracy: float = -1.0) -> optuna.trial.FrozenTrial:
@@ -68,17 +68,51 @@ def _trial(number: int, noop: str, value: float, accuracy: float = -1.0) -> optu
     return t
 
 
+def _paired(rng: np.random.Generator, speedup: float, contended: bool = False, spread: float = 0.03) -> J.Result:
+    """One process's paired result: per-cycle log ratios around log(`speedup`), offset by a process-wide draw."""
+    d = list(rng.normal(np.log(speedup) + rng.normal(0, spread / 3), spread, 12))
+    s = speedup_from_log_ratios(d, 0.95)
+    return J.Result(status=J.OK, latency={"median": 4.0 / speedup}, paired={
+        "paired": True, "log_ratios": d, "speedup": s.estimate, "ci": [s.low, s.high], "cycles": len(d), "contended": contended,
+        "baseline_latency": {"median": 4.0}})
+
+
+def _run(factors: dict[int, float], cap: int = 8, contended_rounds: tuple[int, ...] = ()) -> tuple[dict, list[C.RoundEvent]]:
+    rng = np.random.default_rng(3)
+    candidates = [C.Candidate(_trial(n, "abc"[n - 1], 4.0)) for n in factors]
+    events: list[C.RoundEvent] = []
+    level = C.interval_level(0.95, len(candidates), cap)
+    stopped = C.run_rounds(candidates, lambda t, r: _paired(rng, factors[t.number], r in contended_rounds), cap, level, "median",
+                           events.append)
+    return C.judge(candidates, level, 0.95, cap, stopped, "median"), events
+
+
 @pytest.mark.parametrize(("factor", "verdict"), [(1.25, V.SPEEDUP), (0.8, V.DEFAULT_IS_FASTEST), (1.0, V.NO_SIGNIFICANT)])
 def test_judge_declares_a_win_only_when_the_interval_clears_one(factor: float, verdict: str) -> None:
-    rng = np.random.default_rng(3)
-    default = list(5.0 * np.exp(rng.normal(0, 0.02, 8)))
-    entries = [C.Entry(_trial(0, "a", 5.0), "default", default)]
-    entries += [C.Entry(_trial(n, noop, 4.0), f"trial {n}", list(np.array(default) / f * np.exp(rng.normal(0, 0.02, 8))))
-                for n, noop, f in ((1, "b", factor), (2, "c", min(factor, 1.0)))]
-    doc = C._judge(entries, 8, 0.95, "median")
+    doc, events = _run({1: factor, 2: min(factor, 1.0)})
     assert doc["verdict"] == verdict, doc["message"]
     assert (doc["winner_trial"] == 1) == (verdict == V.SPEEDUP)
     assert len(doc["candidates"]) == 2 and all("low" in c and "high" in c for c in doc["candidates"])
+    assert doc["default_median_ms"] == 4.0 and all(c["median_ms"] == pytest.approx(4.0 / f) for c, f in zip(doc["candidates"], (factor, min(factor, 1.0))))
+    assert len(events) == 2 * doc["rounds"] and events[-1].standings.keys() == {1, 2}
+
+
+def test_the_confirmation_stops_as_soon_as_the_verdict_is_decided() -> None:
+    doc, events = _run({1: 2.0, 2: 0.9, 3: 0.8})  # a clear winner: decided after the fewest rounds
+    assert doc["verdict"] == V.SPEEDUP and doc["winner_trial"] == 1 and doc["stopped"] == "decided"
+    assert doc["rounds"] == C.MIN_ROUNDS and len(events) == 3 * C.MIN_ROUNDS
+    assert [e.decided for e in events[:-1]] == [""] * (len(events) - 1) and "trial 1 is faster" in events[-1].decided
+    assert "decided: trial 1" in events[-1].text()
+    doc, events = _run({1: 1.0, 2: 1.0})  # nothing to find: the cap
+    assert doc["stopped"] == "cap" and doc["rounds"] == 8 and not any(e.decided for e in events)
+
+
+def test_contended_processes_are_run_again_and_decide_nothing() -> None:
+    doc, events = _run({1: 2.0}, contended_rounds=(0, 1))
+    assert [e.contended for e in events[:2]] == [True, True] and "contended, not counted" in events[0].text()
+    assert events[1].standings == {}  # two contended processes: nothing to stand on
+    (row,) = doc["candidates"]
+    assert row["contended"] == 2 and row["processes"] == C.MIN_ROUNDS and doc["verdict"] == V.SPEEDUP
 
 
 def test_candidates_are_feasible_distinct_and_not_the_default_route() -> None:
@@ -117,14 +151,16 @@ def test_a_study_with_nothing_to_find_reports_no_win(write_spec: SpecWriter, pg_
     study = optuna.load_study(study_name="tiny", storage=url)
     doc = study.user_attrs["confirmation"]
     assert doc["verdict"] in (V.NO_SIGNIFICANT, V.DEFAULT_IS_FASTEST), doc
-    assert doc["winner_trial"] is None and doc["rounds"] == 8 and doc["baseline_trial"] == 0
+    assert doc["winner_trial"] is None and C.MIN_ROUNDS <= doc["rounds"] <= 8 and doc["baseline_trial"] == 0
+    assert doc["candidate_trials"] == [doc["candidates"][0]["trial"]] and doc["settings"]["confidence"] == 0.99
     (cand,) = doc["candidates"]
     assert cand["trial"] != 0 and cand["route"]["noop"] != "a"
     assert cand["low"] <= cand["speedup"] <= cand["high"] and not cand["low"] > 1.0
 
     confirm_runs = ResultStore(url).measurements("tiny", kind="confirm")
-    assert len(confirm_runs) == 16 and {m.trial_number for m in confirm_runs} == {0, cand["trial"]}
-    assert sorted(m.stats["round"] for m in confirm_runs) == sorted(list(range(8)) * 2)
+    rounds = doc["rounds"] + cand["contended"]
+    assert len(confirm_runs) == 2 * rounds and {m.trial_number for m in confirm_runs} == {0, cand["trial"]}  # both engines of each process
+    assert sorted(m.stats["round"] for m in confirm_runs) == sorted(list(range(rounds)) * 2)
     assert len({m.result_key for m in confirm_runs}) == 1 and all(len(m.samples_ms) >= 5 for m in confirm_runs)
 
     best = tuner("best", str(spec), "--storage", pg_url)
@@ -143,16 +179,21 @@ def test_a_study_with_nothing_to_find_reports_no_win(write_spec: SpecWriter, pg_
 
     assert doc["message"] in get_note(optuna.load_study(study_name="tiny", storage=url))
 
-    too_few = tuner("run", str(spec), "--storage", pg_url, "--confirm-rounds", "3")
-    assert too_few.returncode == 2 and "--confirm-rounds 3 is too few" in too_few.stderr
+    too_few = tuner("run", str(spec), "--storage", pg_url, "--confirm-rounds", "2")
+    assert too_few.returncode == 2 and "--confirm-rounds 2 is too few" in too_few.stderr
 
 
 def test_a_route_that_fails_on_re_measurement_is_reported_not_judged() -> None:
-    default = C.Entry(_trial(0, "a", 5.0), "default", [5.0] * 8)
-    broken = C.Entry(_trial(1, "b", 4.0), "trial 1", [4.0] * 2, failure="accuracy: cosine=0.2 > 0.001 on 4 feeds")
-    doc = C._judge([default, broken], 8, 0.95, "median")
+    broken = C.Candidate(_trial(1, "b", 4.0), failure="accuracy: cosine=0.2 > 0.001 on 4 feeds")
+    doc = C.judge([broken], 0.95, 0.95, 8, "cap", "median")
     assert doc["verdict"] == C.NOTHING_TO_CONFIRM and "every candidate failed" in doc["message"]
     assert doc["candidates"][0]["failure"].startswith("accuracy:")
-    default.failure = "crash-signal: child died of SIGSEGV"
-    doc = C._judge([default, C.Entry(_trial(2, "c", 4.0), "trial 2", [4.0] * 8)], 8, 0.95, "median")
-    assert doc["verdict"] == C.NOTHING_TO_CONFIRM and "the default route failed: crash-signal" in doc["message"]
+    rng = np.random.default_rng(4)
+    failing = C.Candidate(_trial(2, "c", 4.0))
+    C.run_rounds([failing], lambda t, r: J.Result(status=J.CRASH_SIGNAL, message="child died of SIGSEGV"), 8, 0.95, "median", lambda e: None)
+    assert failing.failure == "crash-signal: child died of SIGSEGV" and not failing.log_ratios
+    unpaired = C.Candidate(_trial(3, "a", 4.0))
+    result = _paired(rng, 1.0)
+    result.paired = {"paired": False, "unpaired": "the baseline engine did not load: ValueError"}
+    C.run_rounds([unpaired], lambda t, r: result, 8, 0.95, "median", lambda e: None)
+    assert "the baseline engine did not load" in unpaired.failure

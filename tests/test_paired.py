@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -173,3 +175,66 @@ def test_pooled_measurements_that_disagree_get_an_interval_spanning_them() -> No
     assert pooled_speedup([a, a[:3]], 0.95) == single  # too short for an interval: left out
     with pytest.raises(ValueError, match="6 cycles"):
         pooled_speedup([a[:3]], 0.95)
+
+
+def test_a_candidate_clearly_ahead_of_the_incumbent_stops_as_ahead() -> None:
+    clock = SimClock()
+    r = P.measure_paired(engine(clock, 1.0, 0.02, 9), engine(clock, 2.0, 0.02, 10), POLICY, incumbent=1.2, incumbent_high=1.3, clock=clock)
+    assert r.stop == P.AHEAD and r.cycles == 6 and r.speedup is not None and r.speedup.low > 1.3
+    r = P.measure_paired(engine(clock, 1.0, 0.02, 9), engine(clock, 2.0, 0.02, 10), POLICY, incumbent=1.9, incumbent_high=2.1, clock=clock)
+    assert r.stop == P.PRECISION  # overlapping the incumbent's interval: measured to the target
+
+
+class ScriptedProbe:
+    """Contention as scripted per block (True: other work took a core), in place of /proc readings."""
+
+    def __init__(self, contended: Callable[[int], bool]) -> None:
+        self.block, self.contended = 0, contended
+
+    def snapshot(self) -> None:
+        return None
+
+    def since(self, start: None) -> P.Load:
+        self.block += 1
+        busy = self.contended(self.block)
+        return P.Load(0.01, 1.0 if busy else 0.0, 0.5 if busy else 0.0, 1.0, 2.0)
+
+
+def test_cycles_timed_while_other_work_took_a_core_are_set_aside() -> None:
+    clock = SimClock()
+    probe = ScriptedProbe(lambda block: 9 <= block <= 24)  # cycles 3 to 6 have a contended block
+    r = P.measure_paired(engine(clock, 1.0, 0.02, 11), engine(clock, 2.0, 0.02, 12), POLICY, clock=clock, probe=probe)  # type: ignore[arg-type]
+    assert r.contended_cycles == 4 and not r.contended and r.cycles == len(r.log_ratios) >= 6
+    assert r.contention["contended_blocks"] == 16 and r.contention["blocks"] == 4 * (r.cycles + 4)
+    slow = P.measure_paired(engine(clock, 3.0, 0.02, 13), engine(clock, 2.0, 0.02, 14), POLICY, incumbent=1.0, clock=clock,
+                            probe=ScriptedProbe(lambda block: True))  # type: ignore[arg-type]
+    assert slow.stop == P.CAP and slow.contended and slow.speedup is not None  # never stopped as slow on contended cycles
+    assert slow.summary()["contended"] is True
+
+
+SPIN_ON_CPU0 = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_the_probe_sees_another_process_on_our_core() -> None:
+    import subprocess
+    import sys
+
+    from tuner.measure.contention import Probe
+
+    before = os.sched_getaffinity(0)
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN_ON_CPU0])
+    try:
+        os.sched_setaffinity(0, {0})  # this thread and the spinner share one core: it must wait for it
+        probe = Probe()
+        start = probe.snapshot()
+        deadline = time.perf_counter() + 0.5
+        while time.perf_counter() < deadline:
+            pass
+        load = probe.since(start)
+    finally:
+        os.sched_setaffinity(0, before)
+        spinner.kill()
+        spinner.wait()
+    assert load is not None and load.contended, load
+    assert load.others_cores > 0.2 and load.wait_share > 0.2

@@ -259,7 +259,8 @@ class Simulation:
         base = self.baseline()
         key = tuple(t.number for t in pick_candidates(trials, base, 3)) if base is not None and outcome.is_feasible(base) else ()
         if key not in self.delivery:
-            doc = judge_study(self.study, self.truth.statistic, lambda t, r: self.rerun(t, f"confirm-r{r}"), log=_quiet)
+            engine = self.engine(base) if base is not None else None  # each confirmation process pairs a candidate with it
+            doc = judge_study(self.study, self.truth.statistic, lambda t, r: self.rerun(t, f"confirm-r{r}", baseline=engine), log=_quiet)
             head = decide(summarize_study(self.study), doc, trials, racing.races(self.study))
             exported = next((t for t in trials if t.number == head.export_trial), None)
             self.delivery[key] = route_hash(exported.params) if exported is not None else self.default

@@ -113,7 +113,7 @@ def _table(s: Summary) -> Text:
     return Text(
         f"{s.study}: {done}/{s.budget} done | complete {s.complete} (feasible {s.feasible}) | pruned {s.pruned} | "
         f"failed {s.failed} | running {s.running} | re-queued {s.requeued} | cache hits {s.cache_hits} | "
-        f"best {fmt_ms(s.best_value)} | default {fmt_ms(s.baseline_value)} | study estimate {fmt_x(s.speedup)} (unconfirmed)"
+        f"best {fmt_ms(s.best_ms)} | default {fmt_ms(s.default_ms)} | study estimate {fmt_x(s.speedup)} (unconfirmed)"
     )
 
 
@@ -125,7 +125,8 @@ def _print_result(study: optuna.Study) -> None:
     console.print(head.sentence, highlight=False, soft_wrap=True)
     if head.trial is not None:
         route = ", ".join(f"{k}={v}" for k, v in head.trial.params.items())
-        console.print(f"  trial {head.trial.number}: {fmt_ms(head.trial.value)} in the study, default route {fmt_ms(s.baseline_value)}\n"
+        measured = (head.trial.user_attrs.get("measured_ms") or {}).get("trial")
+        console.print(f"  trial {head.trial.number}: {fmt_ms(measured)} in the study, default route {fmt_ms(s.default_ms)}\n"
                       f"  route: {route}", highlight=False, soft_wrap=True)
 
 

@@ -13,10 +13,18 @@ Steady state first: each engine is warmed up in blocks (block length calibrated 
 until its last `WARMUP_WINDOW` block statistics agree within `warmup_agree` (not for a fixed time),
 or its warm-up share of the cap is spent (then `steady` is False).
 
-Adaptive stop, checked after every cycle once there are enough cycles for an interval:
-- `slow`      the interval lies entirely below the incumbent's speedup (pruning: a clear loser);
+Adaptive stop, checked after every cycle once there are enough cycles for an interval, spending
+effort only where it can change a decision:
+- `slow`      the interval lies entirely below the incumbent's (its lower bound: pruning a clear loser);
+- `ahead`     the interval lies entirely above the incumbent's (its upper bound): a new leader
+              whatever more cycles say (racing re-measures a leader);
 - `precision` the interval's relative half-width is within `target` (and `min_duration_s` spent);
 - `cap`       the timing cap `cap_s` is spent (the minimum number of cycles always runs).
+
+Contention (`tuner.measure.contention`): with a probe, every block records what other processes
+took of the cores while it ran. A cycle with a contended block is set aside and run again: it
+enters no interval and stops nothing. A measurement that gathered too few clean cycles for an
+interval by its cap is flagged `contended` (its figures then come from every cycle).
 Without a baseline the same loop runs on the candidate alone (unpaired): the interval is then
 that of its block-statistic level, and there is no speedup.
 
@@ -37,12 +45,13 @@ from typing import Any
 
 import numpy as np
 
+from tuner.measure.contention import Load, Probe, summarize
 from tuner.measure.speedup import Speedup, location_interval, min_rounds, speedup_from_log_ratios
 
 BlockFn = Callable[[int], list[float]]  # run n inferences; per-call latencies in ms (pipelined: [mean ms per call])
 Clocks = Callable[[], Mapping[str, Any]]
 
-PRECISION, CAP, SLOW = "precision", "cap", "slow"
+PRECISION, CAP, SLOW, AHEAD = "precision", "cap", "slow", "ahead"
 PER_CALL, PIPELINED = "per-call", "pipelined"
 MODES = (PER_CALL, PIPELINED)
 WARMUP_WINDOW = 3
@@ -105,6 +114,9 @@ class PairedResult:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     running: list[list[float]] = field(default_factory=list)  # [cycle, estimate, low, high] after each judged cycle
     clocks: list[dict[str, Any]] = field(default_factory=list)  # device clocks before and after each attempt
+    contended: bool = False  # too few uncontended cycles for an interval: the figures come from contended ones
+    contended_cycles: int = 0  # cycles set aside because other work took a core during one of their blocks
+    contention: dict[str, Any] = field(default_factory=dict)  # `tuner.measure.contention.summarize` of every block
 
     def summary(self) -> dict[str, Any]:
         """The small JSON-able description kept with the trial (no raw samples)."""
@@ -112,6 +124,7 @@ class PairedResult:
             "paired": self.paired, "stop": self.stop, "cycles": self.cycles, "seconds": round(self.seconds, 4),
             "halfwidth": round(self.halfwidth, 5), "drift": self.drift, "repeated": self.repeated, "steady": self.steady,
             "level_ms": [round(v, 6) for v in self.level_ms], "warmup": self.warmup, "attempts": self.attempts,
+            "contended": self.contended, "contended_cycles": self.contended_cycles, "contention": self.contention,
         }
         if self.speedup is not None:
             out.update(speedup=self.speedup.estimate, ci=[self.speedup.low, self.speedup.high], confidence=self.speedup.confidence)
@@ -175,8 +188,8 @@ def _halfwidth(low: float, high: float) -> float:
 
 
 def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int], policy: PairedPolicy,
-             incumbent: float | None, clock: Callable[[], float]) -> PairedResult:
-    """One measurement: cycles until a stopping rule holds."""
+             incumbent: tuple[float | None, float | None], clock: Callable[[], float], probe: Probe | None) -> PairedResult:
+    """One measurement: cycles until a stopping rule holds (`incumbent`: its interval's low and high, either may be None)."""
     need = min_rounds(policy.confidence)
     stat = policy.statistic
     cand_samples: list[float] = []
@@ -184,42 +197,54 @@ def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int
     cand_blocks: list[float] = []
     base_blocks: list[float] = []
     d: list[float] = []
+    set_aside: list[float] = []  # cycles with a contended block
+    loads: list[Load | None] = []
     running: list[list[float]] = []
     start = clock()
-
     calls_done = 0
 
     def block(fn: BlockFn, n: int, samples: list[float], blocks: list[float]) -> float:
         nonlocal calls_done
         calls_done += n if fn is candidate else 0
+        before = probe.snapshot() if probe else None
         got = fn(n)
+        loads.append(probe.since(before) if probe else None)
         samples.extend(got)
         blocks.append(block_statistic(got, stat))
         return blocks[-1]
 
     while True:
         if baseline is None:
-            d.append(math.log(block(candidate, calls[0], cand_samples, cand_blocks)))
+            ratio = math.log(block(candidate, calls[0], cand_samples, cand_blocks))
         else:
             a1 = block(baseline, calls[1], base_samples, base_blocks)
             b1 = block(candidate, calls[0], cand_samples, cand_blocks)
             b2 = block(candidate, calls[0], cand_samples, cand_blocks)
             a2 = block(baseline, calls[1], base_samples, base_blocks)
-            d.append((math.log(a1) + math.log(a2) - math.log(b1) - math.log(b2)) / 2.0)
-        if len(d) < need:
-            continue
+            ratio = (math.log(a1) + math.log(a2) - math.log(b1) - math.log(b2)) / 2.0
+        contended = any(x is not None and x.contended for x in loads[-(1 if baseline is None else 4):])
+        (set_aside if contended else d).append(ratio)
         elapsed = clock() - start
+        over = elapsed >= policy.cap_s
+        stuck = len(d) < need  # too few clean cycles: go on, and at the cap judge every cycle (flagged)
+        if stuck and (not over or len(d) + len(set_aside) < need) or contended and not over:
+            continue
+        kept = d + set_aside if stuck else d
         speedup: Speedup | None = None
         if baseline is None:
-            est, low, high, _ = location_interval(d, policy.confidence)
+            est, low, high, _ = location_interval(kept, policy.confidence)
             halfwidth = _halfwidth(math.exp(low), math.exp(high))
         else:
-            speedup = speedup_from_log_ratios(d, policy.confidence)
+            speedup = speedup_from_log_ratios(kept, policy.confidence)
             halfwidth = speedup.halfwidth
-            running.append([len(d), speedup.estimate, speedup.low, speedup.high])
+            running.append([len(kept), speedup.estimate, speedup.low, speedup.high])
         stop = ""
-        if speedup is not None and incumbent is not None and speedup.high < incumbent:
+        if stuck:
+            stop = CAP
+        elif speedup is not None and incumbent[0] is not None and speedup.high < incumbent[0]:
             stop = SLOW
+        elif speedup is not None and incumbent[1] is not None and speedup.low > incumbent[1]:
+            stop = AHEAD
         elif halfwidth <= policy.target and elapsed >= policy.min_duration_s and calls_done >= policy.min_calls:
             stop = PRECISION
         elif elapsed >= policy.cap_s:
@@ -228,10 +253,11 @@ def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int
             break
     level = location_interval([math.log(b) for b in cand_blocks], policy.confidence)
     return PairedResult(
-        paired=baseline is not None, stop=stop, cycles=len(d), seconds=clock() - start, candidate_samples=cand_samples,
-        baseline_samples=base_samples, candidate_blocks=cand_blocks, baseline_blocks=base_blocks, log_ratios=d,
+        paired=baseline is not None, stop=stop, cycles=len(kept), seconds=clock() - start, candidate_samples=cand_samples,
+        baseline_samples=base_samples, candidate_blocks=cand_blocks, baseline_blocks=base_blocks, log_ratios=kept,
         speedup=speedup, level_ms=(math.exp(level[0]), math.exp(level[1]), math.exp(level[2])), halfwidth=halfwidth,
-        drift=False, repeated=False, steady=True, running=running,
+        drift=False, repeated=False, steady=True, running=running, contended=stuck, contended_cycles=len(set_aside),
+        contention=summarize(loads) if probe else {},
     )
 
 
@@ -242,12 +268,15 @@ def _drifted(r: PairedResult, policy: PairedPolicy) -> bool:
 
 
 def measure_paired(candidate: BlockFn, baseline: BlockFn | None, policy: PairedPolicy, incumbent: float | None = None,
-                   clocks: Clocks | None = None, clock: Callable[[], float] = time.perf_counter) -> PairedResult:
+                   clocks: Clocks | None = None, clock: Callable[[], float] = time.perf_counter, incumbent_high: float | None = None,
+                   probe: Probe | None = None) -> PairedResult:
     """Warm up both engines, measure in ABBA cycles until a stopping rule holds, repeat once on drift.
 
-    `incumbent` is the speedup a candidate must be able to reach (the best so far; 1.0 is the
-    default route itself): an interval entirely below it stops the measurement as `slow`.
-    `clocks` reads the device clocks (called before and after each attempt).
+    `incumbent` is the speedup a candidate must be able to reach (the lower bound of the best
+    interval so far; 1.0 is the default route itself): an interval entirely below it stops the
+    measurement as `slow`; one entirely above `incumbent_high` (that interval's upper bound) as `ahead`.
+    `clocks` reads the device clocks (called before and after each attempt); `probe` reads what
+    other work took of the cores during each block (`tuner.measure.contention`).
     """
     warm = {"candidate": warm_up(candidate, policy, clock)}
     if baseline is not None:
@@ -257,7 +286,7 @@ def measure_paired(candidate: BlockFn, baseline: BlockFn | None, policy: PairedP
     attempts: list[dict[str, Any]] = []
     for _ in range(2):
         before = dict(clocks()) if clocks else {}
-        result = _attempt(candidate, baseline, calls, policy, incumbent, clock)
+        result = _attempt(candidate, baseline, calls, policy, (incumbent, incumbent_high), clock, probe)
         if clocks:
             result.clocks = [before, dict(clocks())]
         result.drift = _drifted(result, policy)

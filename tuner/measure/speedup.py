@@ -28,6 +28,7 @@ from statistics import NormalDist
 import numpy as np
 
 EXACT_MAX = 30  # the exact null distribution costs O(n^3); the normal approximation is excellent beyond this
+FIT_CONFIDENCE = 0.95  # the level at which a pooled measurement's own interval is read for its variance
 
 
 @dataclass(frozen=True)
@@ -140,19 +141,20 @@ def pooled_speedup(measurements: Sequence[Sequence[float]], confidence: float) -
     """One speedup from several measurements of the same two engines (each a list of per-cycle log ratios).
 
     Each measurement gives a Hodges-Lehmann estimate y_i with a within-measurement variance v_i read
-    off its signed-rank interval; the between-measurement variance tau^2 is the DerSimonian-Laird
-    moment estimate, and the result is the inverse-variance (1 / (v_i + tau^2)) weighted mean of the
-    y_i with a normal interval. Measurements too short for an interval are left out; raises
-    ValueError when none is long enough.
+    off its signed-rank interval at FIT_CONFIDENCE; the between-measurement variance tau^2 is the
+    DerSimonian-Laird moment estimate, and the result is the inverse-variance (1 / (v_i + tau^2))
+    weighted mean of the y_i with a normal interval at `confidence`. Measurements too short for a
+    FIT_CONFIDENCE interval are left out; a single measurement long enough for `confidence` keeps its
+    exact interval. Raises ValueError when none is long enough.
     """
-    usable = [m for m in measurements if len(m) >= min_rounds(confidence)]
+    usable = [m for m in measurements if len(m) >= min_rounds(FIT_CONFIDENCE)]
     if not usable:
-        raise ValueError(f"no measurement has the {min_rounds(confidence)} cycles a {confidence:.1%} interval needs")
-    if len(usable) == 1:
+        raise ValueError(f"no measurement has the {min_rounds(FIT_CONFIDENCE)} cycles a {FIT_CONFIDENCE:.1%} interval needs")
+    if len(usable) == 1 and len(usable[0]) >= min_rounds(confidence):
         return speedup_from_log_ratios(usable[0], confidence)
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    fits = [location_interval(m, confidence) for m in usable]
-    est, se = random_effects([f[0] for f in fits], [((f[2] - f[1]) / (2 * z)) ** 2 for f in fits])
+    z_fit, z = (NormalDist().inv_cdf(0.5 + c / 2) for c in (FIT_CONFIDENCE, confidence))
+    fits = [location_interval(m, FIT_CONFIDENCE) for m in usable]
+    est, se = random_effects([f[0] for f in fits], [((f[2] - f[1]) / (2 * z_fit)) ** 2 for f in fits])
     return Speedup(math.exp(est), math.exp(est - z * se), math.exp(est + z * se), confidence, sum(map(len, usable)))
 
 

@@ -51,8 +51,8 @@ def _headline(data: ReportData) -> str:
         ("the study's own estimate" + about, _estimate(head.study if head else None)),
         ("trials finished", f"{s.complete + s.pruned + s.failed} of budget {s.budget}"),
         ("feasible / infeasible / failed", f"{s.feasible} / {s.infeasible} / {s.failed}"),
-        ("best feasible in the study", f"trial {s.best.number}: {_ms(s.best_value)}" if s.best else "none"),
-        ("default route", f"trial {s.baseline.number}: {_ms(s.baseline_value)}" if s.baseline else "not run"),
+        ("best feasible in the study", f"trial {s.best.number}: {_ms(s.best_ms)}" if s.best else "none"),
+        ("default route", f"trial {s.baseline.number}: {_ms(s.default_ms)}" if s.baseline else "not run"),
         ("objective", f"{data.statistic} latency; accuracy {data.metric} <= {data.tolerance:g}"
                       + (f"; peak memory <= {data.max_memory_mb:g} MiB" if data.max_memory_mb is not None else "")),
     ]

@@ -29,7 +29,7 @@ def _best_line(s: Summary) -> str:
         return "**Best feasible trial:** none yet (no route has been timed within the accuracy tolerance)."
     acc = s.best.user_attrs.get("accuracy") or {}
     accuracy = f"; {acc.get('metric')} {acc.get('value'):.3g} (tolerance {acc.get('tolerance'):g})" if isinstance(acc.get("value"), float) else ""
-    return f"**Best feasible trial: #{s.best.number}**, latency {_ms(s.best_value)}{accuracy}."
+    return f"**Best feasible trial: #{s.best.number}**, latency {_ms(s.best_ms)}{accuracy}."
 
 
 def _study_line(s: Summary, head: Headline) -> str:
@@ -38,7 +38,7 @@ def _study_line(s: Summary, head: Headline) -> str:
     if head.study is None or head.trial is None:
         return f"**Default route:** trial #{s.baseline.number} has no feasible measurement, so no speedup can be stated."
     return (f"**As measured in the study:** trial #{head.trial.number} vs the default route (trial #{s.baseline.number}, "
-            f"{_ms(s.baseline_value)}): {head.study.text()}.")
+            f"{_ms(s.default_ms)}): {head.study.text()}.")
 
 
 def _confirmation_line(confirmation: dict[str, Any] | None) -> str:

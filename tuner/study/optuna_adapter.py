@@ -7,6 +7,10 @@ was written for and exercises each function against a real storage. What is used
   trials by id through the storage (leases, reaping, re-queueing) with no public accessor for them;
 - the legacy `constraints` system attribute, which optuna-dashboard 0.21 reads instead of the
   per-key constraints of `Trial.set_constraint`;
+- Optuna's RDB models (`optuna.storages._rdb.models`) and the per-key constraint attribute name
+  (`constraints:<key>`), to write a finished trial's attributes, constraints and intermediate
+  values in one transaction of a few statements (`record_running_trial`): the public API spends one
+  transaction (two statements) per attribute and a read per constraint;
 - trial counts read with SQL on Optuna's `trials` and `trial_user_attributes` tables, because the
   cached storage of a long-lived process is not fresh across processes (the budget must be exact).
 """
@@ -14,13 +18,15 @@ was written for and exercises each function against a real storage. What is used
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, RDBStorage
-from optuna.trial import FrozenTrial
-from sqlalchemy import text
+from optuna.storages._rdb import models
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import select, text
+from sqlalchemy.dialects import postgresql, sqlite
 
 from tuner.errors import TunerError, first_line
 from tuner.store.db import engine_kwargs, get_engine
@@ -62,9 +68,50 @@ def trial_by_number(study: optuna.Study, number: int) -> FrozenTrial:
     return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study_id(study), number))
 
 
-def mirror_constraints(study: optuna.Study, trial: optuna.Trial, values: list[float]) -> None:
-    """Write the legacy `constraints` list that optuna-dashboard 0.21 reads."""
-    storage_of(study).set_trial_system_attr(trial_id(trial), "constraints", list(values))
+def constraint_attrs(constraints: Mapping[str, float]) -> dict[str, Any]:
+    """The system attributes of `constraints`: per key as `Trial.set_constraint` writes them, and the legacy
+    `constraints` list (in the same order) that optuna-dashboard 0.21 reads."""
+    return {**{f"constraints:{k}": float(v) for k, v in constraints.items()}, "constraints": [float(v) for v in constraints.values()]}
+
+
+UPSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+
+
+def record_running_trial(study: optuna.Study, trial: optuna.Trial, user_attrs: Mapping[str, Any], constraints: Mapping[str, float],
+                         intermediate: Mapping[int, float]) -> None:
+    """Write a running trial's user attributes, constraints and intermediate values in one transaction.
+
+    On PostgreSQL and SQLite: the trial row locked and checked to be running, then one multi-row
+    upsert per table. Elsewhere: Optuna's public calls, one per item.
+    """
+    storage = storage_of(study)
+    rdb = getattr(storage, "_backend", storage)  # the RDB storage behind Optuna's cache
+    tid = trial_id(trial)
+    system = constraint_attrs(constraints)
+    upsert = UPSERTS.get(rdb.engine.name) if isinstance(rdb, RDBStorage) else None
+    if upsert is None:
+        for key, value in user_attrs.items():
+            storage.set_trial_user_attr(tid, key, value)
+        for key, value in system.items():
+            storage.set_trial_system_attr(tid, key, value)
+        for step, value in intermediate.items():
+            storage.set_trial_intermediate_value(tid, step, value)
+        return
+    trials = models.TrialModel.__table__
+    with rdb.engine.begin() as conn:
+        state = conn.execute(select(trials.c.state).where(trials.c.trial_id == tid).with_for_update()).scalar_one()
+        rdb.check_trial_is_updatable(tid, TrialState[state] if isinstance(state, str) else state)
+        for model, rows in ((models.TrialUserAttributeModel, user_attrs), (models.TrialSystemAttributeModel, system)):
+            if rows:
+                stmt = upsert(model.__table__).values([{"trial_id": tid, "key": k, "value_json": json.dumps(v)} for k, v in rows.items()])
+                conn.execute(stmt.on_conflict_do_update(index_elements=["trial_id", "key"], set_={"value_json": stmt.excluded.value_json}))
+        if intermediate:
+            table = models.TrialIntermediateValueModel
+            values = [dict(zip(("intermediate_value", "intermediate_value_type"), table.intermediate_value_to_stored_repr(v)),
+                           trial_id=tid, step=step) for step, v in intermediate.items()]
+            stmt = upsert(table.__table__).values(values)
+            conn.execute(stmt.on_conflict_do_update(index_elements=["trial_id", "step"], set_={
+                "intermediate_value": stmt.excluded.intermediate_value, "intermediate_value_type": stmt.excluded.intermediate_value_type}))
 
 
 def count_by_state(url: str, study: int) -> dict[str, int]:

@@ -5,14 +5,14 @@ Encoding (chosen so every sampler learns from every outcome; see optuna-facts it
   where it was timed paired with the baseline (`tuner.study.racing` lists the attributes), else the
   latency statistic itself;
 - routes stopped as `slow` during timing (their paired interval lay below the incumbent) are PRUNED,
-  with their running paired estimate reported as intermediate values (`trial.report`, in the same
-  units as the value), which TPE ranks pruned trials by;
+  with their running paired estimate reported as intermediate values (as `trial.report` would, in
+  the same units as the value), which TPE ranks pruned trials by;
 - routes that failed the quick accuracy gate, and routes that failed to build or run, are PRUNED
   (TPE learns from PRUNED trials; a bare FAIL is ignored by every sampler);
 - every finished trial carries the same constraints, in the same order: `accuracy` (violation
   relative to the tolerance) and `failure` (+1 when the route failed, -1 otherwise), and, in a study
   with `[objective] max_memory_mb`, `memory` (the engine's peak memory over the cap, relative to
-  it); through `Trial.set_constraint` and mirrored to the legacy `constraints` list the dashboard reads;
+  it); as `Trial.set_constraint` stores them and mirrored to the legacy `constraints` list the dashboard reads;
 - interrupted and lost trials are FAIL, are not counted in the budget, and are re-queued;
 - known failures (a route needing a product that already failed to build) are PRUNED like any
   failure, so the sampler learns from them, but cost no child and no budget (see `budget`).
@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import job as J
-from tuner.study.optuna_adapter import mirror_constraints
+from tuner.study.optuna_adapter import record_running_trial
 
 CONSTRAINT_KEYS = ("accuracy", "failure", "memory")  # "memory" only in a study with a memory cap
 UNCOUNTED = tuple(sorted(J.outcomes("requeued")))  # FAIL, not counted in the budget, re-queued
@@ -133,7 +133,9 @@ def paired_attrs(result: J.Result) -> dict[str, Any]:
     info = result.timing_info
     timing.update({k: info[k] for k in ("exclusive", "device", "lock_wait_s", "loadavg_before", "loadavg_after", "clocks_before",
                                          "clocks_after", "mode") if k in info})
-    attrs: dict[str, Any] = {"paired": bool(p.get("paired")), "timing_stop": p.get("stop", ""), "timing": timing}
+    timing.update({k: p[k] for k in ("contended_cycles", "contention") if k in p})
+    attrs: dict[str, Any] = {"paired": bool(p.get("paired")), "timing_stop": p.get("stop", ""), "timing": timing,
+                             "contended": bool(p.get("contended"))}
     if p.get("paired"):
         attrs.update(speedup_paired=p["speedup"], speedup_paired_ci=list(p["ci"]), speedup_paired_confidence=p.get("confidence"))
         if p.get("baseline_latency"):
@@ -145,14 +147,30 @@ def paired_attrs(result: J.Result) -> dict[str, Any]:
     return attrs
 
 
-def _report(trial: optuna.Trial, result: J.Result, baseline_value: float | None) -> None:
-    """The running paired estimate as intermediate values, in the value's units (at most MAX_REPORTS)."""
+def measured_ms(result: J.Result, statistic: str) -> dict[str, float]:
+    """The latencies this trial's own timing measured, when other work did not contend it: {"trial", "default"} in ms.
+
+    What `tuner run`, `best` and the note show as milliseconds (never the baseline trial's figure
+    scaled by a ratio); "default" is the baseline engine timed beside the candidate in the same process.
+    """
+    if not result.latency or statistic not in result.latency or result.paired.get("contended"):
+        return {}
+    out = {"trial": round(float(result.latency[statistic]), 6)}
+    default = (result.paired.get("baseline_latency") or {}).get(statistic) if result.paired.get("paired") else None
+    if default is not None:
+        out["default"] = round(float(default), 6)
+    elif result.paired.get("role") == "baseline":
+        out["default"] = out["trial"]
+    return out
+
+
+def intermediate_values(result: J.Result, baseline_value: float | None) -> dict[int, float]:
+    """The running paired estimate as intermediate values {cycle: value}, in the value's units (at most MAX_REPORTS)."""
     running = result.paired.get("running") or []
     if not running or not baseline_value:
-        return
+        return {}
     step = max(1, math.ceil(len(running) / MAX_REPORTS))
-    for cycle, estimate, *_ in running[::-1][::step][::-1]:
-        trial.report(baseline_value / float(estimate), int(cycle))
+    return {int(cycle): baseline_value / float(estimate) for cycle, estimate, *_ in running[::-1][::step][::-1]}
 
 
 def _finite(v: float | None) -> float | str | None:
@@ -163,18 +181,17 @@ def _finite(v: float | None) -> float | str | None:
 
 def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance: float, statistic: str, attrs: dict[str, Any],
            baseline_value: float | None = None, max_memory_mb: float | None = None) -> Judgement:
-    """Write attributes, constraints and intermediate values, then tell Optuna how the trial ended.
+    """Write attributes, constraints and intermediate values (one transaction), then tell Optuna how the trial ended.
 
     `baseline_value` is the baseline trial's value (the study-wide baseline latency), when known;
     `max_memory_mb` the study's memory cap, when it has one.
     """
     j = judge(result, tolerance, statistic, baseline_value, max_memory_mb)
-    _report(trial, result, baseline_value)
-    for key, value in {**attrs, "feasible": j.feasible}.items():  # "feasible": the dashboard shows no constraints
-        trial.set_user_attr(key, value)
-    for key, value in zip(CONSTRAINT_KEYS, j.constraints):
-        trial.set_constraint(key, value)
-    mirror_constraints(study, trial, list(j.constraints))  # optuna-dashboard 0.21 only reads the legacy list
+    measured = measured_ms(result, statistic)
+    # "feasible": the dashboard shows no constraints
+    record_running_trial(study, trial, {**attrs, "feasible": j.feasible, **({"measured_ms": measured} if measured else {})},
+                         dict(zip(CONSTRAINT_KEYS, j.constraints)),
+                         intermediate_values(result, baseline_value))
     if j.state == TrialState.COMPLETE:
         study.tell(trial, j.value)
     else:

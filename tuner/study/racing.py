@@ -9,7 +9,11 @@ the note and the report):
   1.0 for the baseline trial. `speedup_paired_ci` ([low, high]) its interval at
   `speedup_paired_confidence`.
 - `timing_stop`: what ended the measurement: `precision` (interval within the target half-width),
-  `cap` (the timing cap was spent first) or `slow` (pruned: the interval lay below the incumbent).
+  `cap` (the timing cap was spent first), `slow` (pruned: the interval lay below the incumbent's)
+  or `ahead` (the interval lay above the incumbent's).
+- `contended` (bool): other work on the host kept taking the cores the timing needed, so it had too
+  few clean cycles (`tuner.measure.contention`); such a trial has no standing here (it is not the
+  incumbent, not raced, not confirmed) until an uncontended re-measurement refines it.
 - `timing` (dict): cycles, seconds, half-width, drift/repeat flags, warm-up, exclusive, load
   average and clocks before/after, baseline wait/load seconds, mode.
 - `baseline_latency_ms` (dict): the baseline engine's latency statistics measured in this trial.
@@ -85,6 +89,8 @@ def standing(t: FrozenTrial, raced: Races) -> Standing | None:
     if not is_feasible(t) or is_baseline(t) or not t.user_attrs.get("paired"):
         return None
     r = raced.get(str(t.number)) or {}
+    if "speedup_refined" not in r and t.user_attrs.get("contended"):
+        return None
     if "speedup_refined" in r:
         est, (low, high) = r["speedup_refined"], r["speedup_refined_ci"]
     else:
@@ -134,20 +140,30 @@ def incumbent(trials: Sequence[FrozenTrial], raced: Races) -> float:
     return max([1.0] + [s.low for s in standings(trials, raced)])
 
 
+def incumbent_high(trials: Sequence[FrozenTrial], raced: Races) -> float:
+    """The upper bound of the incumbent's interval (1.0 when the default route is the incumbent): a candidate whose
+    interval lies entirely above it is a new leader, and its timing stops there (`ahead`)."""
+    best = max(standings(trials, raced), key=lambda s: s.low, default=None)
+    return best.high if best is not None and best.low > 1.0 else 1.0
+
+
 def refine(measurements: Sequence[Sequence[float]], confidence: float) -> Speedup:
     """The pooled speedup of every paired measurement of one trial (each its per-cycle log ratios; random effects)."""
     return pooled_speedup(measurements, confidence)
 
 
 def after_remeasure(entry: Mapping[str, Any], measurements: Sequence[Sequence[float]], failure: str | None,
-                    baseline_value: float | None) -> dict[str, Any]:
+                    baseline_value: float | None, contended: bool = False) -> dict[str, Any]:
     """The change to a trial's racing entry after one re-measurement (its claim released).
 
-    `measurements` are the per-cycle log ratios of every paired measurement of the trial, the new one
-    included; `failure` says why the re-measurement gave none (the trial then races no more).
+    `measurements` are the per-cycle log ratios of every uncontended paired measurement of the trial,
+    the new one included; `failure` says why the re-measurement gave none (the trial then races no
+    more); a `contended` one spends a re-measurement and refines nothing.
     """
     change: dict[str, Any] = {"claim": None}
-    if failure is None:
+    if contended:
+        change["contended"] = int(entry.get("contended", 0)) + 1
+    elif failure is None:
         change.update(refined_attrs(refine(measurements, CONFIDENCE), int(entry.get("remeasured", 0)) + 1, baseline_value))
     else:
         change.update(remeasured=REMEASURE_MAX, race_failure=failure[:300])

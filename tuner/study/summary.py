@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -32,6 +33,12 @@ class Summary:
     elapsed_s: float
     failure_classes: dict[str, int]
     repeated_failures: int = 0
+    default_ms: float | None = None  # the default route as measured (median of its uncontended timings beside trials)
+
+    @property
+    def best_ms(self) -> float | None:
+        """The best feasible trial's latency as its own uncontended timing measured it (not a scaled figure)."""
+        return (self.best.user_attrs.get("measured_ms") or {}).get("trial") if self.best else None
 
     @property
     def best_value(self) -> float | None:
@@ -58,6 +65,7 @@ class Summary:
             "elapsed_s": round(self.elapsed_s, 3), "failure_classes": self.failure_classes,
             "repeated_failures": self.repeated_failures,
             "repeated_failures_share": round(self.repeated_failures / self.budget, 4) if self.budget else None,
+            "best_ms": self.best_ms, "default_ms": self.default_ms,
         }
 
 
@@ -112,5 +120,11 @@ def summarize_study(study: optuna.Study) -> Summary:
         cache_hits=sum(1 for t in trials if t.user_attrs.get("cache_hit")),
         best=min(feasible, key=lambda t: (t.value, t.number)) if feasible else None,
         baseline=baselines[0] if baselines else None, elapsed_s=elapsed, failure_classes=classes,
-        repeated_failures=repeated_failures(trials),
+        repeated_failures=repeated_failures(trials), default_ms=default_measured(complete),
     )
+
+
+def default_measured(trials: list[FrozenTrial]) -> float | None:
+    """The default route's latency as measured: the median of its uncontended timings (its own trial's, and beside each paired trial)."""
+    values = sorted(float(m["default"]) for t in trials if "default" in (m := t.user_attrs.get("measured_ms") or {}))
+    return statistics.median(values) if values else None

@@ -1,22 +1,38 @@
-"""Confirm the winner: re-measure the top candidates against the default route before declaring one.
+"""Confirm the winner: re-measure the top candidates against the default route until the verdict is decided.
 
 A study's best trial is the minimum of many noisy measurements, so it is biased towards luck. Here
-the default route and the top-k feasible non-default routes are timed again over several rounds;
-every round runs every route once, each in a fresh child process (`run_isolated` on the trial's
-stored artifact, see `tuner.study.reuse`), in an order rotated from round to round. Each
-candidate's speedup gets a Hodges-Lehmann estimate and an exact Wilcoxon signed-rank interval over
-the rounds (`tuner.measure.speedup`), at a Bonferroni-corrected level so that the family of k
-intervals holds at the requested confidence. A candidate is a win only if its interval lies above
-1.0; the result is stored as the study user attribute "confirmation" and the raw samples as
-measurements of kind "confirm".
+each of the top-k feasible non-default routes is timed again against the default route. A *round*
+runs one fresh child process per candidate (`run_isolated` on the trial's stored artifact, see
+`tuner.study.reuse`), in an order rotated from round to round, and each child times the candidate
+paired with the default's engine in ABBA blocks, as a trial is timed (`tuner.worker.timing`). A
+process's ratio can sit a few percent off another's for its whole life, so one candidate's processes
+are pooled as a random-effects combination (`tuner.measure.speedup.pooled_speedup`, as racing
+does), whose interval widens when they disagree.
+
+Rounds run one after another and stop as soon as the verdict cannot change (`decided`): the
+leader's interval lies above 1.0 and clear of every other candidate's, or every candidate's lies
+below 1.0; else at the cap (`rounds`, default DEFAULT_ROUNDS), after at least MIN_ROUNDS. Looking
+after every round is paid for in the intervals: each is at the level 1 - (1 - confidence) / (k *
+looks), Bonferroni over the k candidates and the looks the cap allows, so the family of intervals
+holds jointly at the requested confidence at every look, and a study whose routes are all the same
+engine reports a win at most 1 - confidence of the time. A process whose timing stayed contended
+by other work on the host (`contended` in its paired summary) is kept but decides nothing; it is
+run again, up to CONTENDED_EXTRA extra rounds.
+
+The result is stored as the study user attribute "confirmation", with what it confirmed (the
+candidates, the default, the settings: `is_current` tells whether it still holds), and the raw
+samples as measurements of kind "confirm" (the candidate's and the default's of each process).
+Every finished process is reported to `on_round` as a `RoundEvent`, as it happens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import statistics
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,40 +41,97 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from tuner import job as J
 from tuner.errors import TunerError
+from tuner.measure.speedup import Speedup, pooled_speedup
 from tuner.space import canonical_route
 from tuner.store.cache import ResultStore
 from tuner.store.db import confirmation_lock, db_now
 from tuner.study.outcome import is_feasible
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
-from tuner.measure.speedup import Speedup, min_rounds, speedup_interval
 from tuner.study.summary import summarize_study
 from tuner.study.verdict import DEFAULT_IS_FASTEST, NO_SIGNIFICANT, SPEEDUP
-from tuner import job as J
 from tuner.worker.isolate import ChildHandle, run_isolated
-from tuner.worker.jobs import make_job
+from tuner.worker.jobs import make_job, measure_settings
+from tuner.worker.race import stored_engine
 
 ATTR = "confirmation"
-METHOD = ("Hodges-Lehmann speedup with an exact Wilcoxon signed-rank interval over per-round log ratios of "
-          "the default's and the candidate's {statistic} latency (fresh process per run, rotated order, "
-          "Bonferroni over {k} candidate(s))")
+DEFAULT_ROUNDS = 8  # the cap on rounds (processes per candidate) unless --confirm-rounds says otherwise
+MIN_ROUNDS = 3  # processes per candidate before the verdict may be decided: their spread needs three to be seen
+CONTENDED_EXTRA = 4  # rounds run beyond the cap to replace contended processes
+METHOD = ("per candidate: fresh processes, each timing it paired with the default route in ABBA blocks of the {statistic} "
+          "latency; the processes' Hodges-Lehmann estimates pooled by random effects (DerSimonian-Laird); intervals at "
+          "{level:.4%}: Bonferroni over {k} candidate(s) and {looks} look(s), stopping once the verdict is decided")
 NOTHING_TO_CONFIRM = "nothing-to-confirm"  # a confirmation outcome; the other verdicts are `tuner.study.verdict`'s
 
 
 @dataclass
-class Entry:
-    """One route in the confirmation: the default or a candidate, with its per-round statistic."""
+class Candidate:
+    """One candidate route's measurements against the default: one entry per uncontended process."""
 
     trial: FrozenTrial
-    label: str
-    medians: list[float] = field(default_factory=list)
+    log_ratios: list[list[float]] = field(default_factory=list)  # per-cycle log(default / candidate) of each process
+    latency_ms: list[float] = field(default_factory=list)  # the candidate's statistic in each process
+    default_ms: list[float] = field(default_factory=list)  # the default's statistic in the same processes
+    contended: int = 0  # processes whose timing stayed contended: kept, not pooled
+    loads: list[dict[str, Any]] = field(default_factory=list)  # each timed process's contention summary
     failure: str = ""
 
+    def pooled(self, level: float) -> Speedup | None:
+        """The pooled speedup at `level`, or None before any process gave an interval."""
+        try:
+            return pooled_speedup(self.log_ratios, level)
+        except ValueError:
+            return None
 
-def rounds_needed(confidence: float, candidates: int) -> int:
-    """The fewest rounds for `candidates` intervals that hold jointly at `confidence`."""
-    return min_rounds(1.0 - (1.0 - confidence) / max(candidates, 1))
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """One confirmation process finished: what it measured and where every candidate stands now."""
+
+    round: int  # 1-based
+    cap: int
+    trial: int
+    speedup: Speedup | None  # this process's paired speedup (its own interval), None when it failed
+    contended: bool
+    failure: str
+    standings: Mapping[int, Speedup]  # every candidate's pooled speedup so far, by trial number
+    decided: str  # why the confirmation stops here ("" while it goes on)
+
+    def text(self) -> str:
+        """One progress line."""
+        if self.failure:
+            what = f"failed ({self.failure})"
+        elif self.speedup is None:
+            what = "no interval"
+        else:
+            what = f"{self.speedup.estimate:.3f}x [{self.speedup.low:.3f}-{self.speedup.high:.3f}]" + (" contended, not counted" if self.contended else "")
+        pooled = ", ".join(f"trial {n} {s.estimate:.3f}x [{s.low:.3f}-{s.high:.3f}]" for n, s in self.standings.items())
+        return (f"confirm round {self.round}/{self.cap}: trial {self.trial} {what}" + (f"; pooled: {pooled}" if pooled else "")
+                + (f"; decided: {self.decided}" if self.decided else ""))
+
+
+def looks(cap: int) -> int:
+    """How many times the verdict may be looked at with a cap of `cap` rounds (after each round from MIN_ROUNDS on)."""
+    return max(1, cap - MIN_ROUNDS + 1)
+
+
+def interval_level(confidence: float, candidates: int, cap: int) -> float:
+    """The level of each interval: Bonferroni over the candidates and the looks, so that all hold jointly at `confidence`."""
+    return 1.0 - (1.0 - confidence) / (max(candidates, 1) * looks(cap))
+
+
+def decided(standings: Mapping[int, Speedup]) -> str:
+    """Why the verdict can no longer change (one phrase), or "" while it can."""
+    if not standings:
+        return ""
+    leader, best = max(standings.items(), key=lambda item: item[1].estimate)
+    if best.significant and all(best.low > s.high for n, s in standings.items() if n != leader):
+        return f"trial {leader} is faster than the default route" + (" and than every other candidate" if len(standings) > 1 else "")
+    if all(s.slower for s in standings.values()):
+        return "every candidate is slower than the default route"
+    return ""
 
 
 def pick_candidates(trials: list[FrozenTrial], baseline: FrozenTrial, top_k: int) -> list[FrozenTrial]:
@@ -75,12 +148,31 @@ def pick_candidates(trials: list[FrozenTrial], baseline: FrozenTrial, top_k: int
     return out
 
 
-def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k: int = 3, confidence: float = 0.95,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Re-measure, judge, store the "confirmation" document on the study and return it.
+def settings(ctx: Context, top_k: int, confidence: float, cap: int) -> dict[str, Any]:
+    """What a confirmation depends on besides the trials it re-measures (stored with it; see `is_current`)."""
+    return {"top_k": top_k, "confidence": confidence, "cap": cap, "measure": measure_settings(ctx.spec)}
 
-    `rounds` defaults to max(8, the fewest rounds that can reach `confidence`); fewer is an error.
-    Each run is a fresh child on the trial's stored artifact; its samples are kept as "confirm".
+
+def is_current(ctx: Context, study: optuna.Study, top_k: int = 3, confidence: float = 0.95, rounds: int | None = None) -> bool:
+    """Whether the stored confirmation is of the study as it is: the same default and candidates, the same settings."""
+    doc = study.user_attrs.get(ATTR) or {}
+    baseline = summarize_study(study).baseline
+    if not doc or baseline is None or doc.get("baseline_trial") != baseline.number:
+        return False
+    candidates = pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if is_feasible(baseline) else []
+    return (doc.get("candidate_trials") == [t.number for t in candidates]
+            and doc.get("settings") == settings(ctx, top_k, confidence, DEFAULT_ROUNDS if rounds is None else rounds))
+
+
+Measure = Callable[[FrozenTrial, int], J.Result]  # (candidate trial, round index) -> its paired result against the default
+
+
+def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k: int = 3, confidence: float = 0.95,
+            log: Callable[[str], None] = print, on_round: Callable[[RoundEvent], None] | None = None) -> dict[str, Any]:
+    """Re-measure until decided (at most `rounds` rounds, default DEFAULT_ROUNDS), judge, store the "confirmation" document, return it.
+
+    Each process is a fresh child on the candidate's stored artifact, paired with the default's
+    (`Session`); every finished one is passed to `on_round` (default: its `RoundEvent.text()` to `log`).
     One confirmation of a study runs at a time, on every host (`confirmation_lock`): a second one
     waits, and if the first confirmed the same state of the study with the same settings meanwhile,
     its document is the answer (the study keeps one confirmation, not the last of two).
@@ -93,122 +185,205 @@ def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k:
         if current.get("id") not in (None, seen) and current.get("basis") == basis:
             log("another run confirmed this study while this one waited for it; that confirmation stands")
             return current
-        return _confirm(ctx, study, rounds, top_k, confidence, log, basis)
+        return _confirm(ctx, study, rounds, top_k, confidence, log, on_round, basis)
 
 
-def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float,
-             log: Callable[[str], None], basis: dict[str, Any]) -> dict[str, Any]:
+def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float, log: Callable[[str], None],
+             on_round: Callable[[RoundEvent], None] | None, basis: dict[str, Any]) -> dict[str, Any]:
     """Measure in fresh children, judge and store (under the confirmation lock); stamped by the database clock."""
-    store = ResultStore(ctx.url)
-    run_id = uuid.uuid4().hex[:12]
-    run_dir = ctx.work_dir / "confirm" / run_id
-    handle = ChildHandle()
-
-    def run(trial: FrozenTrial, r: int) -> J.Result:
-        res = _run_once(ctx, store, trial, run_dir / f"r{r:02d}-{trial.number:05d}", handle)
-        if res.status == J.OK and res.latency:
-            store.add_measurement(ctx.spec.study, trial.number, f"confirm-{run_id}", "confirm",
-                                  {**res.latency, "round": r}, res.samples_ms, res.timing_info)
-        return res
-
-    try:
-        doc = judge_study(study, ctx.spec.objective.statistic, run, rounds, top_k, confidence, log)
-    except KeyboardInterrupt:
-        handle.kill()
-        raise
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    started = time.perf_counter()
+    baseline = summarize_study(study).baseline
+    with Session(ctx, baseline) if baseline is not None else contextlib.nullcontext() as session:
+        doc = judge_study(study, ctx.spec.objective.statistic, session.measure if session else _unmeasured, rounds, top_k, confidence,
+                          log, on_round, default_failure=session.default_failure if session else "")
     created = datetime.fromtimestamp(db_now(ctx.url), UTC).isoformat(timespec="seconds")  # one clock for every host
-    return _store(study, {**doc, "id": run_id, "basis": basis, "created_at": created})
+    doc.update(settings=settings(ctx, top_k, confidence, DEFAULT_ROUNDS if rounds is None else rounds), basis=basis,
+               id=session.run_id if session else uuid.uuid4().hex[:12], created_at=created, seconds=round(time.perf_counter() - started, 2))
+    return _store(study, doc)
 
 
-def judge_study(study: optuna.Study, statistic: str, run: Callable[[FrozenTrial, int], J.Result], rounds: int | None = None,
-                top_k: int = 3, confidence: float = 0.95, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The confirmation document of `study`: its candidates, each route measured once per round by
-    `run(trial, round)`, and the verdict (`confirm` with the child runs; the search benchmark replays them)."""
+def _unmeasured(trial: FrozenTrial, r: int) -> J.Result:
+    raise AssertionError("nothing is measured without a default route")
+
+
+def judge_study(study: optuna.Study, statistic: str, measure: Measure, rounds: int | None = None, top_k: int = 3,
+                confidence: float = 0.95, log: Callable[[str], None] = print, on_round: Callable[[RoundEvent], None] | None = None,
+                default_failure: str = "") -> dict[str, Any]:
+    """The confirmation document of `study`: its candidates, measured by `measure(candidate, round)` (one process timing
+    the candidate paired with the default) until decided, and the verdict (`confirm` runs children; the search
+    benchmark replays them)."""
+    cap = DEFAULT_ROUNDS if rounds is None else rounds
+    if cap < MIN_ROUNDS:
+        raise TunerError(f"--confirm-rounds {cap} is too few: a confirmation needs at least {MIN_ROUNDS} rounds")
     summary = summarize_study(study)
     baseline = summary.baseline
     doc: dict[str, Any] = {
         "confidence": confidence, "statistic": statistic, "study_best_trial": summary.best.number if summary.best else None,
         "baseline_trial": baseline.number if baseline else None, "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    candidates = pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if baseline and is_feasible(baseline) else []
-    if not candidates:
+    trials = pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if baseline and is_feasible(baseline) else []
+    doc["candidate_trials"] = [t.number for t in trials]
+    if not trials:
         why = "the default route has no feasible measurement" if not baseline or not is_feasible(baseline) else "no feasible route other than the default was found"
-        doc.update(verdict=NOTHING_TO_CONFIRM, rounds=0, candidates=[], message=f"nothing to confirm: {why}")
-        return doc
-    need = rounds_needed(confidence, len(candidates))
-    if rounds is None:
-        rounds = max(need, 8)
-    elif rounds < need:
-        raise TunerError(f"--confirm-rounds {rounds} is too few for {confidence:.0%} confidence over {len(candidates)} candidate(s); use at least {need}")
-    assert baseline is not None
-    entries = [Entry(baseline, "default")] + [Entry(t, f"trial {t.number}") for t in candidates]
-    _measure(entries, rounds, statistic, run, log)
-    doc.update(_judge(entries, rounds, confidence, statistic))
-    return doc
+        return {**doc, "verdict": NOTHING_TO_CONFIRM, "rounds": 0, "candidates": [], "message": f"nothing to confirm: {why}"}
+    candidates = [Candidate(t) for t in trials]
+    if default_failure:
+        return {**doc, **_nothing(candidates, f"the default route failed: {default_failure}")}
+    level = interval_level(confidence, len(trials), cap)
+    stopped = run_rounds(candidates, measure, cap, level, statistic, on_round or (lambda event: log(event.text())))
+    return {**doc, **judge(candidates, level, confidence, cap, stopped, statistic)}
 
 
-def _measure(entries: list[Entry], rounds: int, statistic: str, run: Callable[[FrozenTrial, int], J.Result],
-             log: Callable[[str], None]) -> None:
-    """Run every entry once per round, rotating the order; the default's failure ends the measuring."""
-    for r in range(rounds):
-        shift = r % len(entries)
-        for entry in entries[shift:] + entries[:shift]:
-            if entry.failure:
-                continue
-            res = run(entry.trial, r)
-            if res.status != J.OK or not res.latency:
-                entry.failure = f"{res.status}: {res.message}"[:300]
-                log(f"confirm round {r + 1}/{rounds}: {entry.label} failed ({entry.failure})")
-                if entry is entries[0]:
-                    return  # without the default there is nothing to compare with
-                continue
-            entry.medians.append(float(res.latency[statistic]))
-        log(f"confirm round {r + 1}/{rounds}: " + ", ".join(f"{e.label} {e.medians[-1]:.4g} ms" for e in entries if not e.failure))
+def run_rounds(candidates: list[Candidate], measure: Measure, cap: int, level: float, statistic: str,
+               report: Callable[[RoundEvent], None]) -> str:
+    """Rounds of one process per candidate until `decided` (each with MIN_ROUNDS) or the cap: "decided" or "cap"."""
+    for r in range(cap + CONTENDED_EXTRA):
+        live = [c for c in candidates if not c.failure and len(c.log_ratios) < cap]
+        if not live:
+            break
+        order = live[r % len(live):] + live[:r % len(live)]
+        for c in order:
+            own, contended = _add(c, measure(c.trial, r), statistic)
+            standings = {k.trial.number: s for k in candidates if not k.failure and (s := k.pooled(level)) is not None}
+            ready = c is order[-1] and all(len(k.log_ratios) >= MIN_ROUNDS for k in candidates if not k.failure)
+            why = decided(standings) if ready else ""
+            report(RoundEvent(r + 1, cap, c.trial.number, own, contended, c.failure, standings, why))
+            if why:
+                return "decided"
+    return "cap"
 
 
-def _run_once(ctx: Context, store: ResultStore, trial: FrozenTrial, trial_dir: Path, handle: ChildHandle) -> J.Result:
-    """Measure the route of `trial` once, on its stored artifact where that is still here."""
-    sha = trial.user_attrs.get("artifact_sha256")
-    record = store.artifact(sha) if sha else None
-    job = make_job(ctx, dict(trial.params), trial_dir / "out")
-    job.backend = WRAPPER
-    env = reuse_env(ctx.spec.backend.name, Path(record.path) if record else None, sha)
-    return run_isolated(job, trial_dir, handle, env)
+def _add(c: Candidate, res: J.Result, statistic: str) -> tuple[Speedup | None, bool]:
+    """Keep one process's result (pooled when uncontended); its own speedup and whether it was contended."""
+    p = res.paired
+    if res.status != J.OK or not res.latency or not p.get("paired") or not p.get("log_ratios"):
+        c.failure = f"{res.status}: {res.message or p.get('unpaired') or 'not timed paired'}"[:300]
+        return None, False
+    c.loads.append(dict(p.get("contention") or {}))
+    low, high = p["ci"]
+    own = Speedup(float(p["speedup"]), float(low), float(high), float(p.get("confidence", 0.95)), int(p.get("cycles", 0)))
+    if p.get("contended"):
+        c.contended += 1
+        return own, True
+    c.log_ratios.append([float(d) for d in p["log_ratios"]])
+    c.latency_ms.append(float(res.latency[statistic]))
+    c.default_ms.append(float((p.get("baseline_latency") or {}).get(statistic, "nan")))
+    return own, False
 
 
-def _judge(entries: list[Entry], rounds: int, confidence: float, statistic: str) -> dict[str, Any]:
-    """The verdict and the per-candidate intervals (Bonferroni over the candidates)."""
-    default, candidates = entries[0], entries[1:]
-    per_candidate = 1.0 - (1.0 - confidence) / len(candidates)
+def judge(candidates: list[Candidate], level: float, confidence: float, cap: int, stopped: str, statistic: str) -> dict[str, Any]:
+    """The verdict and the per-candidate pooled intervals (at `level`, see `interval_level`)."""
     rows: list[dict[str, Any]] = []
-    judged: list[tuple[Entry, Speedup]] = []
+    judged: list[tuple[Candidate, Speedup]] = []
     for c in candidates:
-        row: dict[str, Any] = {"trial": c.trial.number, "route": dict(c.trial.params), "study_value": c.trial.value}
-        if c.failure or default.failure:
-            row["failure"] = c.failure or f"default route failed: {default.failure}"
+        row: dict[str, Any] = {"trial": c.trial.number, "route": dict(c.trial.params), "study_value": c.trial.value,
+                               "processes": len(c.log_ratios), "contended": c.contended}
+        s = None if c.failure else c.pooled(level)
+        if s is None:
+            row["failure"] = c.failure or "no uncontended measurement"
         else:
-            s = speedup_interval(default.medians, c.medians, per_candidate)
-            row.update(s.to_dict(), median_ms=statistics.median(c.medians))
+            row.update(s.to_dict(), median_ms=statistics.median(c.latency_ms), default_median_ms=_median(c.default_ms))
             judged.append((c, s))
         rows.append(row)
-    base = {"rounds": rounds, "candidates": rows, "method": METHOD.format(statistic=statistic, k=len(candidates)),
-            "default_median_ms": statistics.median(default.medians) if default.medians else None}
+    rounds = max((len(c.log_ratios) for c in candidates), default=0)
+    base = {"rounds": rounds, "cap": cap, "stopped": stopped, "candidates": rows, "interval_level": level,
+            "method": METHOD.format(statistic=statistic, level=level, k=len(candidates), looks=looks(cap)),
+            "default_median_ms": _median([v for c in candidates for v in c.default_ms])}
+    base["contention"] = contention(candidates)
     if not judged:
-        why = f"the default route failed: {default.failure}" if default.failure else "every candidate failed"
-        return {**base, "verdict": NOTHING_TO_CONFIRM, "message": f"nothing to confirm: on re-measurement {why}"}
+        return {**base, **_nothing(candidates, "every candidate failed")}
     wins = [(c, s) for c, s in judged if s.significant]
     entry, s = max(wins or judged, key=lambda cs: cs[1].estimate)
-    interval = f"{confidence:.0%} CI {s.low:.3f}x-{s.high:.3f}x over {rounds} interleaved rounds"
+    interval = f"{confidence:.0%} CI {s.low:.3f}x-{s.high:.3f}x over {len(entry.log_ratios)} paired processes"
     if wins:
         verdict, message = SPEEDUP, f"trial {entry.trial.number} is {s.estimate:.3f}x faster than the default route ({interval})"
     elif all(s.slower for _, s in judged):
         verdict, message = DEFAULT_IS_FASTEST, f"the default route is already the fastest: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval})"
     else:
         verdict, message = NO_SIGNIFICANT, f"no significant speedup over the default route: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval} includes 1.0)"
+    if base["contention"].get("contended_processes"):
+        c = base["contention"]
+        took = f" (other work took {c['others_cores']:.2f} cores on average)" if "others_cores" in c else ""
+        message += f"; the host was busy: {c['contended_processes']} of {c['processes']} processes contended{took}, not counted"
     return {**base, "verdict": verdict, "message": message, "trial": entry.trial.number, "winner_trial": entry.trial.number if wins else None,
             "speedup": s.estimate, "ci": [s.low, s.high], "interval_confidence": s.confidence}
+
+
+def contention(candidates: list[Candidate]) -> dict[str, Any]:
+    """How busy the host was during the confirmation: contended processes, and what other work took of the cores."""
+    loads = [x for c in candidates for x in c.loads if x.get("measured")]
+    out: dict[str, Any] = {"processes": sum(len(c.loads) for c in candidates), "contended_processes": sum(c.contended for c in candidates)}
+    if loads:
+        shares = [x["study_share"] for x in loads if x.get("study_share") is not None]
+        out.update(others_cores=round(statistics.mean(x["others_cores"] for x in loads), 4),
+                   others_cores_max=round(max(x["others_cores_max"] for x in loads), 4),
+                   study_share=round(statistics.mean(shares), 4) if shares else None)
+    return out
+
+
+def _nothing(candidates: list[Candidate], why: str) -> dict[str, Any]:
+    rows = [{"trial": c.trial.number, "route": dict(c.trial.params), "failure": c.failure or why} for c in candidates]
+    return {"verdict": NOTHING_TO_CONFIRM, "message": f"nothing to confirm: on re-measurement {why}", "candidates": rows,
+            "rounds": max((len(c.log_ratios) for c in candidates), default=0)}
+
+
+def _median(values: list[float]) -> float | None:
+    finite = [v for v in values if v == v]
+    return statistics.median(finite) if finite else None
+
+
+class Session:
+    """The confirmation's processes: the default's engine to pair with, the run folder, the measurements kept."""
+
+    def __init__(self, ctx: Context, default: FrozenTrial) -> None:
+        """The confirmation's processes against `default` (its engine built here if it is not stored on this host)."""
+        self.ctx, self.default = ctx, default
+        self.store = ResultStore(ctx.url)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.run_dir = ctx.work_dir / "confirm" / self.run_id
+        self.handle = ChildHandle()
+        self.default_failure = ""
+        self.engine = stored_engine(self.store, default)
+
+    def __enter__(self) -> Session:
+        if self.engine is None:
+            self._build_default()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is KeyboardInterrupt:
+            self.handle.kill()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _build_default(self) -> None:
+        """The default's engine is not stored on this host: build it once for this confirmation."""
+        res = self._run(self.default, self.run_dir / "default")
+        if res.status != J.OK or not res.artifact_path:
+            self.default_failure = f"{res.status}: {res.message}"[:300]
+            return
+        self.engine = {"trial": self.default.number, "path": res.artifact_path, "sha256": res.artifact_sha256, "route": dict(self.default.params)}
+
+    def _run(self, trial: FrozenTrial, trial_dir: Path, **pairing: Any) -> J.Result:
+        """Run the route of `trial` once in a fresh child, on its stored artifact where that is still here."""
+        sha = trial.user_attrs.get("artifact_sha256")
+        record = self.store.artifact(sha) if sha else None
+        job = make_job(self.ctx, dict(trial.params), trial_dir / "out", **pairing)
+        job.backend = WRAPPER
+        return run_isolated(job, trial_dir, self.handle, reuse_env(self.ctx.spec.backend.name, Path(record.path) if record else None, sha))
+
+    def measure(self, candidate: FrozenTrial, r: int) -> J.Result:
+        """One process timing `candidate` paired with the default; both engines' samples kept as "confirm" measurements."""
+        res = self._run(candidate, self.run_dir / f"r{r:02d}-{candidate.number:05d}", baseline=self.engine)
+        if res.status == J.OK and res.latency and res.paired.get("paired"):
+            key, study, stats = f"confirm-{self.run_id}", self.ctx.spec.study, {"round": r, "paired": _pairing(res)}
+            self.store.add_measurement(study, candidate.number, key, "confirm", {**res.latency, **stats}, res.samples_ms, res.timing_info)
+            self.store.add_measurement(study, self.default.number, key, "confirm", {**res.paired.get("baseline_latency", {}), **stats,
+                                       "paired_with": candidate.number}, res.baseline_samples_ms, res.timing_info)
+        return res
+
+
+def _pairing(res: J.Result) -> dict[str, Any]:
+    return {k: res.paired[k] for k in ("speedup", "ci", "stop", "cycles", "contended") if k in res.paired}
 
 
 def _store(study: optuna.Study, doc: dict[str, Any]) -> dict[str, Any]:

@@ -327,8 +327,9 @@ class Worker:
             return {"role": "baseline"}
         base = racing.baseline_trial(trials)
         # racing = false: no re-measuring and no early stop as `slow` (every route measured in full, as a landscape needs)
-        incumbent = racing.incumbent(trials, racing.races(self.study)) if self.spec.run.racing else None
-        pairing: dict[str, Any] = {"incumbent": incumbent}
+        raced = racing.races(self.study)
+        pairing: dict[str, Any] = ({"incumbent": racing.incumbent(trials, raced), "incumbent_high": racing.incumbent_high(trials, raced)}
+                                   if self.spec.run.racing else {})
         if base is not None:
             pairing["baseline"] = self.racer.baseline_engine(base)
         elif racing.baseline_pending(trials):
@@ -414,7 +415,7 @@ def _json_safe(result: J.Result) -> dict[str, Any]:
 
     data = json.loads(result.to_json())
     data["log"] = ""
-    data["samples_ms"] = []  # raw samples live in tuner_measurements
+    data["samples_ms"] = data["baseline_samples_ms"] = []  # raw samples live in tuner_measurements
     return _sanitize(data)
 
 

@@ -34,6 +34,15 @@ log = logging.getLogger("tuner.worker")
 KIND = "race"
 
 
+def stored_engine(results: ResultStore, trial: FrozenTrial) -> dict[str, Any] | None:
+    """`trial`'s stored artifact as a job's `baseline` (what a child pairs with), if it is on this host."""
+    sha = trial.user_attrs.get("artifact_sha256")
+    record = results.artifact(sha) if sha else None
+    if record is None or not Path(record.path).is_file():
+        return None
+    return {"trial": trial.number, "path": record.path, "sha256": sha, "route": dict(trial.params)}
+
+
 class Racer:
     """One worker's racing of close leaders."""
 
@@ -42,11 +51,7 @@ class Racer:
 
     def baseline_engine(self, base: FrozenTrial) -> dict[str, Any] | None:
         """The baseline trial's stored artifact as a job's `baseline`, if it is on this host."""
-        sha = base.user_attrs.get("artifact_sha256")
-        record = self.results.artifact(sha) if sha else None
-        if record is None or not Path(record.path).is_file():
-            return None
-        return {"trial": base.number, "path": record.path, "sha256": sha, "route": dict(base.params)}
+        return stored_engine(self.results, base)
 
     def race(self) -> list[int]:
         """Re-measure what `racing.to_race` picks now; the trial numbers re-measured."""
@@ -90,7 +95,7 @@ class Racer:
                 now = db_now(self.ctx.url)  # the database clock: claims are compared across hosts
                 if claim and now - float(claim.get("since", 0)) < self.ctx.spec.run.trial_timeout_s:
                     return False
-                if int(entry.get("remeasured", 0)) >= racing.REMEASURE_MAX:
+                if int(entry.get("remeasured", 0)) + int(entry.get("contended", 0)) >= racing.REMEASURE_MAX:
                     return False
                 self._update(number, {"claim": {"worker": self.name, "since": now}})
         return True
@@ -109,17 +114,19 @@ class Racer:
 
     def _record(self, number: int, result: J.Result | None, baseline_value: float | None) -> bool:
         """Keep the re-measurement, pool every paired cycle of the trial, update its racing entry, release the claim."""
-        ok = result is not None and result.status == J.OK and bool(result.paired.get("paired"))
+        timed = result is not None and result.status == J.OK and bool(result.paired.get("paired"))
+        contended = timed and bool(result.paired.get("contended"))  # other work kept the cores: it decides nothing
+        ok = timed and not contended
         for attempt in db_retry():
             with attempt:
                 if ok and result is not None:
                     self.results.add_measurement(self.ctx.spec.study, number, f"race-{self.name}", KIND,
                                                  {**(result.latency or {}), **measurement_stats(result)}, result.samples_ms, result.timing_info)
-                cycles = [list((m.stats.get("paired") or {}).get("log_ratios", [])) for m in self.results.measurements(self.ctx.spec.study)
-                          if m.trial_number == number and m.kind in ("trial", KIND)]
+                cycles = [list(p.get("log_ratios", [])) for m in self.results.measurements(self.ctx.spec.study)
+                          if m.trial_number == number and m.kind in ("trial", KIND) and not (p := m.stats.get("paired") or {}).get("contended")]
                 with study_lock(self.ctx.url, self.ctx.spec.study):
-                    failure = None if ok else f"{result.status}: {result.message}" if result else "not run"
-                    change = racing.after_remeasure(self._update(number, None), cycles, failure, baseline_value)
+                    failure = None if timed else f"{result.status}: {result.message}" if result else "not run"
+                    change = racing.after_remeasure(self._update(number, None), cycles, failure, baseline_value, contended)
                     self._update(number, change)
         if ok:
             log.info("trial %d re-measured: %s", number, change)

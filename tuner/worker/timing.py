@@ -20,6 +20,9 @@
    `baseline_latency` (the baseline's statistics in this trial), `log_ratios` (one per ABBA cycle,
    for pooling re-measurements) and `running` ([cycle, estimate, low, high]); `timing_info` gets
    `exclusive`, `device`, `lock_wait_s`, `loadavg_before`/`after` and `clocks_before`/`after`.
+   A CPU timing records per block what other processes took of the cores (`tuner.measure.contention`):
+   cycles with a contended block are timed again, and a measurement left without enough clean
+   cycles is `contended` (`Result.paired`).
    A measurement stopped as `slow` ends the trial with status `slow` (no full accuracy check).
 
 The measurement runs on the runner's clock (`Runner.clock`): a replayed runner's is virtual, so a
@@ -38,6 +41,7 @@ from typing import Any
 from tuner import job as J
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, Runner
 from tuner.files import atomic_write
+from tuner.measure.contention import Probe
 from tuner.objective import CPU, GPU
 from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
 from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
@@ -132,7 +136,9 @@ def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, 
         baseline_fn = block_fn(baseline, feed, job.objective.mode) if baseline is not None else None
         before = machine_state()
         with DeviceLock(device_key(gpu)).exclusive() as hold:
-            result = measure_paired(candidate_fn, baseline_fn, policy, incumbent=job.incumbent, clocks=clocks, clock=runner.clock)
+            probe = None if gpu or runner.timing_info().get("replayed") else Probe()  # a replayed runner's clock is virtual
+            result = measure_paired(candidate_fn, baseline_fn, policy, incumbent=job.incumbent, clocks=clocks, clock=runner.clock,
+                                    incumbent_high=job.incumbent_high, probe=probe)
         after = machine_state()
         res.timing_info = runner.timing_info()
     res.samples_ms = result.candidate_samples
@@ -141,6 +147,7 @@ def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, 
                            **({"clocks_before": result.clocks[0], "clocks_after": result.clocks[-1]} if result.clocks else {}))
     res.paired = {**result.summary(), **info, "log_ratios": [round(d, 6) for d in result.log_ratios], "running": result.running}
     if baseline_fn is not None:
+        res.baseline_samples_ms = result.baseline_samples
         res.paired["baseline_latency"] = summarize(result.baseline_samples).to_dict()
     if result.stop == SLOW and result.speedup is not None:
         res.status = J.SLOW
