@@ -1,8 +1,9 @@
 """What `make demo` ends with, recorded: the bundled study run with its own budget, then its verdict.
 
 Runs `tuner run SPEC` (the study's own budget, confirmation included) and `tuner best SPEC --json`,
-and writes the verdict, the confirmed speedup with its interval, the winning route, the wall time and
-the load average before and after to bench/results/demo.json.
+and writes the verdict, the confirmed speedup with its interval, the winning route, the wall time, the
+confirmation's share of it (`confirm_s`, from the confirmation's own record) and the load average
+before and after to bench/results/demo.json (`--out` elsewhere).
 
 Usage: python bench/demo_check.py [--spec studies/efficientnet_lite0.toml] [--storage URL]
 """
@@ -24,11 +25,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--spec", default=str(REPO / "studies" / "efficientnet_lite0.toml"))
     p.add_argument("--storage", default=None)
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "demo.json")
+    p.add_argument("--trials", type=int, default=None, help="a budget other than the study's (a dry run)")
     args = p.parse_args()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     storage = ["--storage", args.storage] if args.storage else []
     load_before, t0 = os.getloadavg(), time.time()
-    subprocess.run([sys.executable, "-m", "tuner", "run", args.spec, *storage], check=True, cwd=REPO, env=env)
+    trials = ["--trials", str(args.trials)] if args.trials else []
+    subprocess.run([sys.executable, "-m", "tuner", "run", args.spec, *storage, *trials], check=True, cwd=REPO, env=env)
     wall = time.time() - t0
     best = subprocess.run([sys.executable, "-m", "tuner", "best", args.spec, *storage, "--json"], check=True, cwd=REPO, env=env,
                           capture_output=True, text=True)
@@ -37,11 +41,13 @@ def main() -> None:
         "benchmark": "demo", "spec": Path(args.spec).name, "verdict": doc.get("verdict"), "headline": doc.get("headline"),
         "speedup": doc.get("speedup"), "speedup_ci": doc.get("speedup_ci"), "trial": doc.get("trial"), "route": doc.get("route"),
         "study_speedup": doc.get("study_speedup"), "wall_s": round(wall, 1),
+        "confirm_s": (doc.get("confirmation") or {}).get("seconds"), "confirm_rounds": (doc.get("confirmation") or {}).get("rounds"),
+        "contention": (doc.get("confirmation") or {}).get("contention"), "trials": args.trials,
         "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    out = REPO / "bench" / "results" / "demo.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    result["confirm_share"] = round(result["confirm_s"] / result["wall_s"], 3) if result["confirm_s"] and wall else None
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

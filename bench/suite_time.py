@@ -16,7 +16,8 @@
    tree's `migrations/` is linked as `tuner/migrations`, where its wheel installs it).
 
 Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys; failed
-tests by name) and each run's output to $TMPDIR/suite-time.log-N.
+tests by name; a top-level `latest` with the wall and CPU seconds and the commit of the last run of the
+documented command, `make test`'s worker count) and each run's output to $TMPDIR/suite-time.log-N.
 Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup] [--against e6d79eb --rounds 2 [--deselect TEST ...]]
 """
 
@@ -112,6 +113,9 @@ def startup(repeats: int) -> dict[str, Any]:
     return {name: {"median_s": round(statistics.median(v), 3), "samples_s": [round(x, 3) for x in v]} for name, v in samples.items()}
 
 
+MAKE_TEST_WORKERS = 3  # the pytest-xdist workers of `make test` (Makefile)
+
+
 def pytest_command(workers: int) -> list[str]:
     """The documented test command with `workers` pytest-xdist workers (0: one process)."""
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + (["-n", str(workers), "--dist", "loadgroup"] if workers else [])
@@ -200,6 +204,9 @@ def main() -> None:
     for n in args.workers:
         row = suite(n)
         doc["runs"][f"{key}-workers-{n}"] = row
+        if n == MAKE_TEST_WORKERS:
+            doc["latest"] = {"commit": key, "wall_s": row["wall_s"], "cpu_s": row["cpu_s"], "exit": row["exit"], "when": row["when"],
+                             "command": row["command"]}
         print(f"{n} workers: {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}", flush=True)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
     OUT.write_text(json.dumps(doc, indent=1) + "\n")

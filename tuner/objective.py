@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, get_args, get_origin, get_type_hints
 
-from tuner.measure.paired import MODES, PER_CALL
+from tuner.measure.paired import CONTENTION, EXCLUSIVE, MODES, PER_CALL
 from tuner.measure.timing import STATISTICS
 
 CPU, GPU = "cpu", "gpu"
@@ -68,6 +68,10 @@ class ObjectiveSpec:
         device={CPU: 10.0, GPU: 20.0})
     block_s: float | None = setting(None, "the length of one timing block", minimum=0.0, strict=True,
                                     device={CPU: 0.05, GPU: 0.05})
+    contention: str = setting(
+        EXCLUSIVE, "'exclusive': a timing cycle during which other processes took a core the timing needed is timed again, "
+        "and a measurement that stays contended decides nothing; 'measured': contention is recorded, not acted on",
+        choices=CONTENTION, late=True)
     max_memory_mb: float | None = setting(
         None, "the most memory (MiB) an engine may add while it loads and runs: host RSS on the CPU, device memory on a GPU; "
         "a route above it is infeasible", minimum=0.0, strict=True, key=False)  # decides feasibility, not what is measured

@@ -22,9 +22,10 @@ effort only where it can change a decision:
 - `cap`       the timing cap `cap_s` is spent (the minimum number of cycles always runs).
 
 Contention (`tuner.measure.contention`): with a probe, every block records what other processes
-took of the cores while it ran. A cycle with a contended block is set aside and run again: it
-enters no interval and stops nothing. A measurement that gathered too few clean cycles for an
-interval by its cap is flagged `contended` (its figures then come from every cycle).
+took of the cores while it ran. Under `contention = "exclusive"` (the default) a cycle with a
+contended block is set aside and run again: it enters no interval and stops nothing. A measurement
+that gathered too few clean cycles for an interval by its cap is flagged `contended` (its figures
+then come from every cycle). Under "measured" contention is recorded only.
 Without a baseline the same loop runs on the candidate alone (unpaired): the interval is then
 that of its block-statistic level, and there is no speedup.
 
@@ -54,6 +55,8 @@ Clocks = Callable[[], Mapping[str, Any]]
 PRECISION, CAP, SLOW, AHEAD = "precision", "cap", "slow", "ahead"
 PER_CALL, PIPELINED = "per-call", "pipelined"
 MODES = (PER_CALL, PIPELINED)
+EXCLUSIVE, MEASURED = "exclusive", "measured"  # [objective] contention: act on contended cycles, or only record them
+CONTENTION = (EXCLUSIVE, MEASURED)
 WARMUP_WINDOW = 3
 WARMUP_SHARE = 0.25  # an engine's warm-up may use at most this share of the cap
 CLOCK_KEYS = ("sm_clock_mhz", "mem_clock_mhz")
@@ -75,6 +78,7 @@ class PairedPolicy:
     warmup_min_s: float = 0.2  # warm up at least this long per engine ...
     warmup_agree: float = 0.05  # ... and until the last blocks' statistics agree within this
     drift: float = 0.10  # relative level or clock change that counts as drift
+    contention: str = EXCLUSIVE  # MEASURED: contended cycles are recorded but kept
 
 
 @dataclass
@@ -222,7 +226,7 @@ def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int
             b2 = block(candidate, calls[0], cand_samples, cand_blocks)
             a2 = block(baseline, calls[1], base_samples, base_blocks)
             ratio = (math.log(a1) + math.log(a2) - math.log(b1) - math.log(b2)) / 2.0
-        contended = any(x is not None and x.contended for x in loads[-(1 if baseline is None else 4):])
+        contended = policy.contention == EXCLUSIVE and any(x is not None and x.contended for x in loads[-(1 if baseline is None else 4):])
         (set_aside if contended else d).append(ratio)
         elapsed = clock() - start
         over = elapsed >= policy.cap_s

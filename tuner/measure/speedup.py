@@ -137,7 +137,7 @@ def speedup_interval(default: Sequence[float], candidate: Sequence[float], confi
     return speedup_from_log_ratios(list(d), confidence)
 
 
-def pooled_speedup(measurements: Sequence[Sequence[float]], confidence: float) -> Speedup:
+def pooled_speedup(measurements: Sequence[Sequence[float]], confidence: float, few: bool = False) -> Speedup:
     """One speedup from several measurements of the same two engines (each a list of per-cycle log ratios).
 
     Each measurement gives a Hodges-Lehmann estimate y_i with a within-measurement variance v_i read
@@ -146,24 +146,68 @@ def pooled_speedup(measurements: Sequence[Sequence[float]], confidence: float) -
     weighted mean of the y_i with a normal interval at `confidence`. Measurements too short for a
     FIT_CONFIDENCE interval are left out; a single measurement long enough for `confidence` keeps its
     exact interval. Raises ValueError when none is long enough.
+
+    `few`: the interval of a few measurements (the confirmation's), whose tau^2 estimate is too rough
+    for a normal interval: the Hartung-Knapp variance (never below the DerSimonian-Laird one) with a
+    Student t quantile on m - 1 degrees of freedom; a single measurement then gives no interval
+    (ValueError).
     """
     usable = [m for m in measurements if len(m) >= min_rounds(FIT_CONFIDENCE)]
     if not usable:
         raise ValueError(f"no measurement has the {min_rounds(FIT_CONFIDENCE)} cycles a {FIT_CONFIDENCE:.1%} interval needs")
+    if few and len(usable) < 2:
+        raise ValueError("one measurement cannot show how much measurements differ")
     if len(usable) == 1 and len(usable[0]) >= min_rounds(confidence):
         return speedup_from_log_ratios(usable[0], confidence)
     z_fit, z = (NormalDist().inv_cdf(0.5 + c / 2) for c in (FIT_CONFIDENCE, confidence))
     fits = [location_interval(m, FIT_CONFIDENCE) for m in usable]
-    est, se = random_effects([f[0] for f in fits], [((f[2] - f[1]) / (2 * z_fit)) ** 2 for f in fits])
+    y, v = [f[0] for f in fits], [((f[2] - f[1]) / (2 * z_fit)) ** 2 for f in fits]
+    est, se = random_effects(y, v)
+    if few:
+        se, z = se * math.sqrt(max(1.0, hartung_knapp_factor(y, v))), student_t_quantile(0.5 + confidence / 2, len(y) - 1)
     return Speedup(math.exp(est), math.exp(est - z * se), math.exp(est + z * se), confidence, sum(map(len, usable)))
+
+
+def hartung_knapp_factor(estimates: Sequence[float], variances: Sequence[float]) -> float:
+    """q of the Hartung-Knapp variance (q times the random-effects one): the weighted spread of the estimates
+    about the pooled one over m - 1, with the DerSimonian-Laird weights."""
+    y, v = np.asarray(estimates, dtype=float), np.maximum(np.asarray(variances, dtype=float), 1e-12)
+    est, _ = random_effects(y, v)
+    w_star = 1 / (v + between_variance(y, v))
+    return float(np.sum(w_star * (y - est) ** 2) / (len(y) - 1))
+
+
+def student_t_quantile(p: float, df: int) -> float:
+    """The `p` quantile (p > 0.5) of Student's t with `df` degrees of freedom: bisection on its distribution
+    function, integrated numerically from its density (accurate to about 1e-6 for the small df used here)."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float) -> float:
+        grid = np.linspace(0.0, x, 4001)
+        density = np.exp(log_c - (df + 1) / 2 * np.log1p(grid**2 / df))
+        return 0.5 + float(np.sum(density[1:] + density[:-1])) * x / 8000  # the trapezoid rule
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        low, high = high, high * 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
 
 
 def random_effects(estimates: Sequence[float], variances: Sequence[float]) -> tuple[float, float]:
     """(pooled estimate, its standard error): DerSimonian-Laird random-effects combination of `estimates`
     with within-study `variances` (inverse-variance weights 1 / (v_i + tau^2), tau^2 the moment estimate)."""
     y, v = np.asarray(estimates, dtype=float), np.maximum(np.asarray(variances, dtype=float), 1e-12)
+    w_star = 1 / (v + between_variance(y, v))
+    return float(np.sum(w_star * y) / np.sum(w_star)), math.sqrt(1 / float(np.sum(w_star)))
+
+
+def between_variance(y: np.ndarray, v: np.ndarray) -> float:
+    """tau^2, the DerSimonian-Laird moment estimate of the variance between measurements (0 for one)."""
+    if len(y) < 2:
+        return 0.0
     w = 1 / v
     q = float(np.sum(w * (y - np.sum(w * y) / np.sum(w)) ** 2))
-    tau2 = max(0.0, (q - (len(y) - 1)) / float(np.sum(w) - np.sum(w**2) / np.sum(w))) if len(y) > 1 else 0.0
-    w_star = 1 / (v + tau2)
-    return float(np.sum(w_star * y) / np.sum(w_star)), math.sqrt(1 / float(np.sum(w_star)))
+    return max(0.0, (q - (len(y) - 1)) / float(np.sum(w) - np.sum(w**2) / np.sum(w)))

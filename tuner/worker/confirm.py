@@ -7,7 +7,7 @@ runs one fresh child process per candidate (`run_isolated` on the trial's stored
 paired with the default's engine in ABBA blocks, as a trial is timed (`tuner.worker.timing`). A
 process's ratio can sit a few percent off another's for its whole life, so one candidate's processes
 are pooled as a random-effects combination (`tuner.measure.speedup.pooled_speedup`, as racing
-does), whose interval widens when they disagree.
+does, with the Hartung-Knapp interval a few measurements need), whose interval widens when they disagree.
 
 Rounds run one after another and stop as soon as the verdict cannot change (`decided`): the
 leader's interval lies above 1.0 and clear of every other candidate's, or every candidate's lies
@@ -81,7 +81,7 @@ class Candidate:
     def pooled(self, level: float) -> Speedup | None:
         """The pooled speedup at `level`, or None before any process gave an interval."""
         try:
-            return pooled_speedup(self.log_ratios, level)
+            return pooled_speedup(self.log_ratios, level, few=True)
         except ValueError:
             return None
 
@@ -291,7 +291,10 @@ def judge(candidates: list[Candidate], level: float, confidence: float, cap: int
             "default_median_ms": _median([v for c in candidates for v in c.default_ms])}
     base["contention"] = contention(candidates)
     if not judged:
-        return {**base, **_nothing(candidates, "every candidate failed")}
+        busy = not any(c.failure for c in candidates)  # every process was contended
+        why = (f"the host was busy throughout: all {base['contention']['processes']} processes were contended by other work"
+               if busy else "every candidate failed")
+        return {**base, **_nothing(candidates, why)}
     wins = [(c, s) for c, s in judged if s.significant]
     entry, s = max(wins or judged, key=lambda cs: cs[1].estimate)
     interval = f"{confidence:.0%} CI {s.low:.3f}x-{s.high:.3f}x over {len(entry.log_ratios)} paired processes"

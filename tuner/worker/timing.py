@@ -83,7 +83,7 @@ def policy_for(job: J.Job, gpu: bool) -> PairedPolicy:
     o = job.objective.resolved(GPU if gpu else CPU)
     return PairedPolicy(statistic=o.statistic, mode=o.mode, target=o.target_halfwidth, min_duration_s=float(o.min_duration_s or 0.0),
                         min_calls=o.min_repeats, cap_s=float(o.timing_cap_s or 0.0), block_s=float(o.block_s or 0.0),
-                        warmup_min_s=o.warmup_s, min_block_calls=1 if o.mode == PIPELINED else MIN_BLOCK_CALLS)
+                        warmup_min_s=o.warmup_s, min_block_calls=1 if o.mode == PIPELINED else MIN_BLOCK_CALLS, contention=o.contention)
 
 
 def block_fn(runner: Runner, feed: Feed, mode: str) -> BlockFn:
