@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from tests.conftest import to_toml  # noqa: E402
 from tests.models import conv_model  # noqa: E402
 from tuner.store.urls import normalize_url  # noqa: E402
+from tuner.worker.forkserver import ENABLE_ENV as FORK_ENV  # noqa: E402
 
 
 def _database(admin: str) -> str:
@@ -89,7 +90,8 @@ def _q(values: Sequence[float], q: float) -> float | None:
     return round(sorted(values)[int(q * (len(values) - 1))], 4) if values else None
 
 
-def run_once(workers: int, trials: int, build_s: float, admin: str, tmp: Path, rep: int, idle_build: bool = False) -> dict[str, Any]:
+def run_once(workers: int, trials: int, build_s: float, admin: str, tmp: Path, rep: int, idle_build: bool = False,
+             fresh: bool = False) -> dict[str, Any]:
     """One `tuner run` of a fresh fixed-cost study with `workers` workers, measured end to end."""
     url = _database(admin)
     name = f"scaling-{workers}-r{rep}"
@@ -107,7 +109,7 @@ def run_once(workers: int, trials: int, build_s: float, admin: str, tmp: Path, r
     load_before, cpu_before = os.getloadavg(), cpu_times()
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "tuner", "run", str(spec), "--storage", url, "--no-confirm"], check=True, cwd=REPO,
-                   env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, capture_output=True)
+                   env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **({FORK_ENV: "0"} if fresh else {})}, capture_output=True)
     wall = time.perf_counter() - t0
     cpu_after, load_after = cpu_times(), os.getloadavg()
     ts = [t for t in optuna.load_study(study_name=name, storage=normalize_url(url)).trials if t.datetime_complete]
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--idle-build", action="store_true",
                    help="builds leave the host's cores free (CPU timings do not wait for them); default: they hold them like a compiler")
+    p.add_argument("--fresh-children", action="store_true",
+                   help="every trial child a fresh interpreter ($TUNER_FORK_SERVER=0), as before the pre-imported server")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scaling.json")
     args = p.parse_args(argv)
     try:
@@ -172,12 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         conv_model(tmp / "tiny.onnx")
         for rep in range(args.reps):
             for n in counts:
-                runs.append(run_once(n, args.trials, args.build_s, args.pg, tmp, rep, args.idle_build))
+                runs.append(run_once(n, args.trials, args.build_s, args.pg, tmp, rep, args.idle_build, args.fresh_children))
                 r = runs[-1]
                 print(f"rep {rep + 1} workers {n}: {r['wall_s']} s end to end, overhead incl. tell {r['overhead_incl_tell_s_median']} s, "
                       f"load {r['loadavg_before'][0]}->{r['loadavg_after'][0]}, host busy {r['host_cpu_busy']:.0%}", flush=True)
     doc = {"benchmark": "scaling", "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-           "build_s": args.build_s, "idle_build": args.idle_build, "trials_per_run": args.trials, "reps": args.reps, "cores": os.cpu_count(),
+           "build_s": args.build_s, "idle_build": args.idle_build, "children": "fresh" if args.fresh_children else "forked", "trials_per_run": args.trials, "reps": args.reps, "cores": os.cpu_count(),
            "method": __doc__.split("\n\n")[1].strip(), "rows": summarise(runs), "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_name(f".{args.out.name}.tmp")

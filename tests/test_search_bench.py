@@ -104,7 +104,7 @@ TUNER_CODE = {  # what the benchmark must run rather than copy: module -> functi
     "tuner.measure.paired": ("measure_paired",), "tuner.worker.child": ("run_trial",), "tuner.worker.timing": ("time_trial",),
     "tuner.study.racing": ("standings", "to_race", "incumbent", "after_remeasure", "best_confirmed"),
     "tuner.study.outcome": ("record",), "tuner.worker.confirm": ("judge_study",), "tuner.study.verdict": ("decide",),
-    "tuner.measure.speedup": ("pooled_speedup", "speedup_interval"),
+    "tuner.measure.speedup": ("pooled_speedup",),
 }
 
 
