@@ -62,7 +62,7 @@ def test_the_intervals_pay_for_the_candidates_and_the_looks() -> None:
 
 def _trial(number: int, noop: str, value: float, accuracy: float = -1.0) -> optuna.trial.FrozenTrial:
     """A finished trial with the tuner's two constraints (feasible unless `accuracy` > 0)."""
-    t = optuna.trial.create_trial(params={"noop": noop}, distributions={"noop": CategoricalDistribution(["a", "b", "c"])},
+    t = optuna.trial.create_trial(params={"noop": noop}, distributions={"noop": CategoricalDistribution(["a", "b", "c", "d"])},
                                   value=value, constraints={"accuracy": accuracy, "failure": -1.0})
     t.number = number
     return t
@@ -197,3 +197,23 @@ def test_a_route_that_fails_on_re_measurement_is_reported_not_judged() -> None:
     result.paired = {"paired": False, "unpaired": "the baseline engine did not load: ValueError"}
     C.run_rounds([unpaired], lambda t, r: result, 8, 0.95, "median", lambda e: None)
     assert "the baseline engine did not load" in unpaired.failure
+
+
+def test_a_stored_confirmation_says_what_it_confirmed_and_whether_it_still_holds(write_spec: SpecWriter, sqlite_url: str) -> None:
+    ctx = Context(load_spec(write_spec(**{"backend.name": SAME_ENGINE})), sqlite_url)
+    study = optuna.create_study(study_name=ctx.spec.study, storage=sqlite_url)
+    for number, noop, value in ((0, "a", 4.0), (1, "b", 3.0), (2, "c", 3.5)):
+        t = _trial(number, noop, value)
+        t.set_user_attr("source", "baseline" if number == 0 else "sampler")
+        study.add_trial(t)
+    rng = np.random.default_rng(5)
+    doc = C.judge_study(study, "median", lambda t, r: _paired(rng, 1.3 if t.number == 1 else 1.0), top_k=2, log=lambda line: None)
+    study.set_user_attr(C.ATTR, {**doc, "settings": C.settings(ctx, 2, 0.95, C.DEFAULT_ROUNDS)})
+    assert doc["candidate_trials"] == [1, 2] and doc["baseline_trial"] == 0 and doc["verdict"] == V.SPEEDUP
+    assert C.is_current(ctx, study, top_k=2)
+    assert not C.is_current(ctx, study, top_k=1) and not C.is_current(ctx, study, top_k=2, confidence=0.99)  # other settings
+    study.add_trial(_trial(3, "a", 2.0))  # the default's route again: not a candidate, nothing changes
+    assert C.is_current(ctx, study, top_k=2)
+    t = _trial(4, "d", 2.0)
+    study.add_trial(t)  # a new best since: the stored confirmation no longer holds
+    assert not C.is_current(ctx, study, top_k=2)
