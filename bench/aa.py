@@ -8,13 +8,11 @@
 from a recorded landscape (bench/landscapes/): the timed rounds of every route that computes the
 default route's outputs, each rescaled to the default route's true latency (so a round keeps its
 measured deviation from its own route's level), pooled, and given to *every* route. Each study is
-what `tuner run` does, in-process: the default sampler (`make_sampler`) asks, the route is answered
-by the landscape (`bench.landscape.oracle`, a random recorded round, bootstrap-resampled), the
-outcome is told with `tuner.study.outcome.record`; then the end-of-study confirmation's own code
-(`pick_candidates`, `run_rounds` with its stopping rule, `judge`) judges the top candidates, each
-confirmation process replayed from a recorded round of each engine (`replay_process`), and
-`tuner.study.verdict.decide` gives the headline. A study "reports a speedup" when that
-verdict is `speedup`. The study's own figure (best vs default as measured in the study, what the
+what `tuner run` does, through the simulation runner (`bench.landscape.simulate.Simulation`: the
+study's sampler, the trial's own child code on the replay backend with paired timing on a virtual
+clock, racing, and the end-of-study confirmation `tuner.worker.confirm.judge_study` with its
+stopping rule, then the verdict). A study "reports a speedup" when it delivers a route other than
+the default. The study's own figure (best vs default as measured in the study, what the
 headline was before confirmation) is recorded beside it.
 
 *cpu*: real studies, each a `tuner run` (1 worker, SQLite, real child processes, real ONNX
@@ -51,17 +49,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.busy import busy_core  # noqa: E402
-from bench.landscape.oracle import Oracle  # noqa: E402
-from bench.landscape.strategies import TRIAL_CAP, Evaluator, ours_sampler  # noqa: E402
+from bench.landscape.simulate import Simulation  # noqa: E402
+from bench.landscape.truth import Truth  # noqa: E402
 from tuner import job as J  # noqa: E402
 from tuner.backends.replay.landscape import Landscape, Point, load_landscape  # noqa: E402
 from tuner.measure.exclusive import LOCK_DIR_ENV  # noqa: E402
-from tuner.measure.paired import block_statistic  # noqa: E402
-from tuner.measure.speedup import speedup_from_log_ratios  # noqa: E402
-from tuner.worker import confirm as C  # noqa: E402
-from tuner.study import outcome  # noqa: E402
+from tuner.spec.model import RunSpec  # noqa: E402
+from tuner.study.sampler import sampler_for  # noqa: E402
 from tuner.study.summary import summarize_study  # noqa: E402
-from tuner.study.verdict import SPEEDUP, decide  # noqa: E402
+from tuner.study.verdict import SPEEDUP  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "measurement.json"
 KEY = "aa"
@@ -72,79 +68,36 @@ LANDSCAPES = ("bench/landscapes/efficientnet_lite0.json.gz", "bench/landscapes/m
 # -- the identical-routes landscape ----------------------------------------------------------------
 
 
-def identical_landscape(name: str, source: Landscape, oracle: Oracle) -> tuple[Landscape, dict[str, Any]]:
+def identical_landscape(name: str, source: Landscape, truth: Truth) -> tuple[Landscape, dict[str, Any]]:
     """Every route of `source`'s space answered by one pool of rounds of the default route's engine."""
-    default = source.point(oracle.space.default_route())
+    default = source.point(truth.space.default_route())
     if default is None or default.outputs is None:
         raise SystemExit(f"{name}: the default route has no recorded outputs")
-    level = oracle.true_value(default)
+    level = truth.true_value(default)
     pool = []
     for p in source.points:
-        true = oracle.true_value(p)
+        true = truth.true_value(p)
         if p.outputs != default.outputs or not true:
             continue
         scale = level / true  # type: ignore[operator]
         pool += [replace(r, samples_ms=tuple(s * scale for s in r.samples_ms)) for r in p.rounds if r.status == J.OK and r.timed]
     points = [Point(p.route, () if p.invalid else tuple(pool), p.invalid, None if p.invalid else default.outputs) for p in source.points]
     medians = np.array([np.median(r.samples_ms) for r in pool])
-    about = {"source": name, "routes": len(points), "pool_rounds": len(pool), "default_ms": round(float(level), 4),
+    about = {"source": name, "routes": len(points), "pool_rounds": len(pool), "default_ms": round(float(level), 4),  # type: ignore[arg-type]
              "pool_round_median_cv": round(float(medians.std() / medians.mean()), 4),
              "source_measured": source.meta["environment"].get("loadavg_start"), "source_written": source.meta["environment"].get("written")}
     return Landscape(source.meta, points, source.feeds, source.reference, source.outputs), about
 
 
-REPLAY_BLOCKS = 12  # block pairs of a replayed confirmation process
-
-
-def replay_process(oracle: Oracle, rng: np.random.Generator, default: dict[str, Any], route: dict[str, Any]) -> J.Result:
-    """One confirmation process replayed: a recorded round of each engine (a process's level and noise), resampled
-    into REPLAY_BLOCKS blocks each; the pairs' log(default / candidate) block statistics are its per-cycle log ratios."""
-    stat = oracle.statistic
-
-    def blocks(r: dict[str, Any]) -> list[float]:
-        point = oracle.landscape.point(r)
-        timed = [x for x in point.rounds if x.status == J.OK and x.timed]  # type: ignore[union-attr]
-        samples = np.asarray(timed[int(rng.integers(len(timed)))].samples_ms)
-        size = max(3, samples.size // REPLAY_BLOCKS)
-        return [block_statistic(list(rng.choice(samples, size=size)), stat) for _ in range(REPLAY_BLOCKS)]
-
-    a, b = blocks(default), blocks(route)
-    d = [float(x) for x in np.log(a) - np.log(b)]
-    s = speedup_from_log_ratios(d, 0.95)
-    return J.Result(status=J.OK, latency={stat: float(np.median(b))}, paired={
-        "paired": True, "log_ratios": d, "speedup": s.estimate, "ci": [s.low, s.high], "cycles": len(d),
-        "baseline_latency": {stat: float(np.median(a))}})
-
-
-def replay_study(oracle: Oracle, seed: int, trials: int, top_k: int, confidence: float) -> dict[str, Any]:
-    """One A/A study: search with the default sampler, confirm like `tuner run`, decide the headline."""
-    rng = np.random.default_rng([seed, 11])
-    ev = Evaluator(oracle, rng, trials)
-    study = optuna.create_study(direction="minimize", sampler=ours_sampler(seed))
-    study.enqueue_trial(oracle.space.default_route(), user_attrs={"source": "baseline"})
-    asked = 0
-    while not ev.done and asked < TRIAL_CAP * trials:
-        asked += 1
-        trial = study.ask()
-        outcome.record(study, trial, ev(oracle.space.suggest(trial)), oracle.tolerance, oracle.statistic, {})
-    summary = summarize_study(study)
-    frozen = study.get_trials(deepcopy=False)
-    doc: dict[str, Any] = {"study_best_trial": summary.best.number if summary.best else None,
-                           "baseline_trial": summary.baseline.number if summary.baseline else None, "confidence": confidence}
-    candidates = C.pick_candidates(frozen, summary.baseline, top_k) if summary.baseline else []
-    if candidates and summary.baseline is not None:
-        default = dict(summary.baseline.params)
-        entries = [C.Candidate(t) for t in candidates]
-        level = C.interval_level(confidence, len(entries), C.DEFAULT_ROUNDS)
-        stopped = C.run_rounds(entries, lambda t, r: replay_process(oracle, rng, default, dict(t.params)), C.DEFAULT_ROUNDS, level,
-                               oracle.statistic, lambda event: None)
-        doc.update(C.judge(entries, level, confidence, C.DEFAULT_ROUNDS, stopped, oracle.statistic))
-    else:
-        doc.update(verdict=C.NOTHING_TO_CONFIRM, rounds=0, candidates=[], message="nothing to confirm")
-    head = decide(summary, doc, frozen)
-    return {"seed": seed, "trials": len(frozen), "verdict": head.verdict, "confirm_rounds": doc.get("rounds"),
-            "speedup": _r(head.estimate.speedup if head.estimate else None),
-            "ci": _r(head.estimate.ci if head.estimate else None), "study_speedup": _r(summary.speedup)}  # the study's best vs default: the headline before confirmation
+def replay_study(truth: Truth, seed: int, trials: int) -> dict[str, Any]:
+    """One A/A study as `tuner run` makes it (the simulation runner: the real sampler, trials, racing and confirmation)."""
+    with tempfile.TemporaryDirectory(prefix="aa-replay-") as tmp:
+        sim = Simulation(truth, sampler_for(RunSpec(budget=trials), seed, truth.space), Path(tmp), seed=seed)
+        sim.run(trials)
+        summary = summarize_study(sim.study)
+        delivered = sim.confirmed[max(sim.confirmed)]
+    return {"seed": seed, "trials": len(sim.steps), "verdict": SPEEDUP if delivered != sim.default else "default",
+            "study_speedup": _r(summary.speedup)}  # the study's best vs default: the headline before confirmation
 
 
 def run_replay(args: argparse.Namespace) -> dict[str, Any]:
@@ -154,13 +107,13 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     for name in LANDSCAPES:
         source = load_landscape(REPO / name)
         tolerance = float(source.meta["accuracy"]["tolerance"])  # the recorded study's; every route has the default's outputs
-        landscape, about = identical_landscape(name, source, Oracle(source, tolerance=tolerance))
-        oracle = Oracle(landscape, tolerance=tolerance)
-        these = [replay_study(oracle, seed, args.trials, args.top_k, args.confidence) for seed in range(args.studies)]
+        landscape, about = identical_landscape(name, source, Truth(source, tolerance))
+        truth = Truth(landscape, tolerance)
+        these = [replay_study(truth, seed, args.trials) for seed in range(args.studies)]
         print(f"{name}: {sum(r['verdict'] == SPEEDUP for r in these)}/{len(these)} studies reported a speedup", flush=True)
         parts.append({"landscape": about, **_rates(these), "studies_detail": these})
         rows += these
-    return {"trials_per_study": args.trials, "confirm_top_k": args.top_k, "confidence": args.confidence, "sampler": "make_sampler (default)",
+    return {"trials_per_study": args.trials, "confirm_top_k": 3, "confidence": 0.95, "sampler": "sampler_for (the study default)",
             **_rates(rows), "machine": _machine(load_before, t0), "landscapes": parts}
 
 
@@ -288,7 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--studies", type=int, default=None, help="studies (default: 200 per landscape replay, 5 cpu)")
     p.add_argument("--trials", type=int, default=None, help="trial budget per study (default: 20 replay, 6 cpu)")
     p.add_argument("--top-k", type=int, default=None, help="candidates confirmed (default: 3 replay, as `tuner run`; 1 cpu, to stay short)")
-    p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--timing-cap-s", type=float, default=3.0, help="cpu: each trial's timing cap (the study file's objective.timing_cap_s)")
     p.add_argument("--busy", action="store_true", help="cpu: keep one core busy with another process throughout (bench/busy.py)")
     p.add_argument("--out", type=Path, default=RESULTS, help="the results file (default: bench/results/measurement.json)")
