@@ -97,7 +97,7 @@ def ocr_spec(tmp: Path, name: str) -> Path:
     path = tmp / f"{name}.toml"
     path.write_text(to_toml({
         "study": {"name": name, "work_dir": str(tmp / name)},
-        "model": {"path": str(model), "inputs": {"x": [1, 3, 48, 320]}},
+        "model": {"path": str(model), "inputs": {"x": {"shape": [1, 3, 48, 320]}}},
         "data": {"file": str(data), "samples": len(OCR_LINES), "gate_samples": 4},
         "accuracy": {"metric": "cosine", "tolerance": 0.01},
         "objective": {"statistic": "median", "warmup_s": 0.2, "min_repeats": 20, "min_duration_s": 0.5},

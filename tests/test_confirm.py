@@ -113,6 +113,9 @@ def test_contended_processes_are_run_again_and_decide_nothing() -> None:
     assert events[1].standings == {}  # two contended processes: nothing to stand on
     (row,) = doc["candidates"]
     assert row["contended"] == 2 and row["processes"] == C.MIN_ROUNDS and doc["verdict"] == V.SPEEDUP
+    doc, events = _run({1: 2.0, 2: 1.0}, contended_rounds=tuple(range(C.MIN_ROUNDS)))  # a host busy throughout: stop, say so
+    assert doc["stopped"] == "busy" and len(events) == 2 * C.MIN_ROUNDS and doc["verdict"] == C.NOTHING_TO_CONFIRM
+    assert "the host was busy throughout" in doc["message"] and doc["contention"]["contended_processes"] == 2 * C.MIN_ROUNDS
 
 
 def test_candidates_are_feasible_distinct_and_not_the_default_route() -> None:

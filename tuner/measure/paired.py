@@ -24,8 +24,8 @@ effort only where it can change a decision:
 Contention (`tuner.measure.contention`): with a probe, every block records what other processes
 took of the cores while it ran. Under `contention = "exclusive"` (the default) a cycle with a
 contended block is set aside and run again: it enters no interval and stops nothing. A measurement
-that gathered too few clean cycles for an interval by its cap is flagged `contended` (its figures
-then come from every cycle). Under "measured" contention is recorded only.
+that gathered too few clean cycles for an interval by its cap, or had CONTENDED_GIVE_UP times that
+many set aside first, is flagged `contended` and stops (its figures then come from every cycle). Under "measured" contention is recorded only.
 Without a baseline the same loop runs on the candidate alone (unpaired): the interval is then
 that of its block-statistic level, and there is no speedup.
 
@@ -58,6 +58,7 @@ MODES = (PER_CALL, PIPELINED)
 EXCLUSIVE, MEASURED = "exclusive", "measured"  # [objective] contention: act on contended cycles, or only record them
 CONTENTION = (EXCLUSIVE, MEASURED)
 WARMUP_WINDOW = 3
+CONTENDED_GIVE_UP = 3  # set-aside cycles, in units of the fewest an interval needs, after which a contended measurement stops
 WARMUP_SHARE = 0.25  # an engine's warm-up may use at most this share of the cap
 CLOCK_KEYS = ("sm_clock_mhz", "mem_clock_mhz")
 
@@ -229,7 +230,7 @@ def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int
         contended = policy.contention == EXCLUSIVE and any(x is not None and x.contended for x in loads[-(1 if baseline is None else 4):])
         (set_aside if contended else d).append(ratio)
         elapsed = clock() - start
-        over = elapsed >= policy.cap_s
+        over = elapsed >= policy.cap_s or len(d) < need and len(set_aside) >= CONTENDED_GIVE_UP * need  # hopeless: stop early
         stuck = len(d) < need  # too few clean cycles: go on, and at the cap judge every cycle (flagged)
         if stuck and (not over or len(d) + len(set_aside) < need) or contended and not over:
             continue

@@ -17,7 +17,8 @@ looks), Bonferroni over the k candidates and the looks the cap allows, so the fa
 holds jointly at the requested confidence at every look, and a study whose routes are all the same
 engine reports a win at most 1 - confidence of the time. A process whose timing stayed contended
 by other work on the host (`contended` in its paired summary) is kept but decides nothing; it is
-run again, up to CONTENDED_EXTRA extra rounds.
+run again, up to CONTENDED_EXTRA extra rounds; when MIN_ROUNDS rounds gave no uncontended process
+at all the confirmation stops and says the host was busy.
 
 The result is stored as the study user attribute "confirmation", with what it confirmed (the
 candidates, the default, the settings: `is_current` tells whether it still holds), and the raw
@@ -236,7 +237,8 @@ def judge_study(study: optuna.Study, statistic: str, measure: Measure, rounds: i
 
 def run_rounds(candidates: list[Candidate], measure: Measure, cap: int, level: float, statistic: str,
                report: Callable[[RoundEvent], None]) -> str:
-    """Rounds of one process per candidate until `decided` (each with MIN_ROUNDS) or the cap: "decided" or "cap"."""
+    """Rounds of one process per candidate until `decided` (each with MIN_ROUNDS) or the cap: "decided" or "cap"
+    ("busy" when MIN_ROUNDS rounds gave no uncontended process at all)."""
     for r in range(cap + CONTENDED_EXTRA):
         live = [c for c in candidates if not c.failure and len(c.log_ratios) < cap]
         if not live:
@@ -250,6 +252,8 @@ def run_rounds(candidates: list[Candidate], measure: Measure, cap: int, level: f
             report(RoundEvent(r + 1, cap, c.trial.number, own, contended, c.failure, standings, why))
             if why:
                 return "decided"
+        if r + 1 >= MIN_ROUNDS and not any(c.log_ratios for c in candidates):
+            return "busy"  # every process so far contended: the host's other work keeps the cores, more rounds will not decide
     return "cap"
 
 

@@ -7,7 +7,8 @@ a process that runs trials starts one server, `python -m tuner.worker.child --se
 that has imported `tuner.worker.child` and the backend's modules (`Backend.preload`), and asks it for
 each trial's child over a Unix socket. What a fresh child had, a forked one has too:
 
-- its own session and process group (`setsid`), so a timeout kills the whole group;
+- its own session and process group (`setsid`, before its pid is reported), so a timeout or a stop
+  kills the whole group, also one that arrives while the child is being started;
 - `PR_SET_PDEATHSIG`: the server dies with the process that started it and each child with the
   server, so a SIGKILLed worker leaves no child behind; the child's own deadline (SIGALRM) is set
   by `tuner.worker.child.main` as before;
@@ -226,9 +227,14 @@ def _fork(request: dict[str, Any], fds: list[int]) -> tuple[int, int, socket.soc
     reply, log_fd, keep_fd = socket.socket(fileno=fds[0]), fds[1], (fds[2] if len(fds) > 2 else None)
     sys.stdout.flush()
     sys.stderr.flush()
+    started, announce = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _become_child(request, log_fd, keep_fd)
+        os.close(started)
+        _become_child(request, log_fd, keep_fd, announce)
+    os.close(announce)
+    os.read(started, 1)  # the child leads its own process group now (or died): a kill of the group reaches it
+    os.close(started)
     os.close(log_fd)
     if keep_fd is not None:
         os.close(keep_fd)  # the child holds it now
@@ -256,12 +262,16 @@ def _end(children: dict[int, tuple[int, socket.socket]]) -> None:
         os.waitpid(pid, 0)
 
 
-def _become_child(request: dict[str, Any], log_fd: int, keep_fd: int | None) -> NoReturn:
-    """In the forked child: become what `python -m tuner.worker.child ARGV` would be, run it, exit."""
+def _become_child(request: dict[str, Any], log_fd: int, keep_fd: int | None, announce: int) -> NoReturn:
+    """In the forked child: become what `python -m tuner.worker.child ARGV` would be, run it, exit.
+
+    `announce` is closed once the child leads its own session, before the server tells the starter its pid.
+    """
     rc = 1
     try:
         server = os.getppid()
         os.setsid()
+        os.close(announce)
         import setproctitle
 
         setproctitle.setproctitle(request["title"])
