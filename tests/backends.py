@@ -18,6 +18,7 @@ from typing import Any
 from tuner.backends.base import Artifact, BuildContext, ModelInfo, Option
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
 from tuner.space import Param, Route, SearchSpace
+from tuner.worker.lifeline import STARTER_ENV
 
 
 def _next_build(marker_dir: Path) -> int:
@@ -32,10 +33,15 @@ def _next_build(marker_dir: Path) -> int:
             n += 1
 
 
+def _worker() -> int:
+    """The pid of the worker that runs this child: its parent, or, for a child forked by the worker's server, the starter."""
+    return int(os.environ.get(STARTER_ENV) or os.getppid())
+
+
 def _block(marker_dir: Path, index: int) -> None:
     """Announce `blocked-<index>` (with the worker's pid) and wait for `release`, or for the worker to die."""
     parent = os.getppid()
-    (marker_dir / f"blocked-{index}.tmp").write_text(str(parent))
+    (marker_dir / f"blocked-{index}.tmp").write_text(str(_worker()))
     (marker_dir / f"blocked-{index}.tmp").replace(marker_dir / f"blocked-{index}")
     while not (marker_dir / "release").exists():
         if os.getppid() != parent:  # the worker was killed: this orphan must not linger
@@ -44,8 +50,8 @@ def _block(marker_dir: Path, index: int) -> None:
 
 
 def _announce(marker_dir: Path, name: str) -> None:
-    """Write `name` (atomically) holding this process's pid and its parent's, space-separated."""
-    (marker_dir / f"{name}.tmp").write_text(f"{os.getpid()} {os.getppid()}")
+    """Write `name` (atomically) holding this process's pid and its worker's, space-separated."""
+    (marker_dir / f"{name}.tmp").write_text(f"{os.getpid()} {_worker()}")
     (marker_dir / f"{name}.tmp").replace(marker_dir / name)
 
 

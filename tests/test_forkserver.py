@@ -62,9 +62,9 @@ def test_a_forked_child_looks_like_a_fresh_one_and_dies_with_its_server(write_sp
     runner = threading.Thread(target=lambda: results.append(run_isolated(job, tmp_path / "t")))
     runner.start()
     wait_for_file(markers / "orphan-0", None)
-    child, parent = map(int, (markers / "orphan-0").read_text().split())
+    child, worker = map(int, (markers / "orphan-0").read_text().split())
     server = forkserver._SERVERS[tuple(job.preload or ())]
-    assert parent == server.proc.pid != os.getpid()
+    assert worker == os.getpid() and _parent_of(child) == server.proc.pid != os.getpid()
     cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
     assert b"tuner.worker.child" in cmdline and str(tmp_path / "t" / "job.json").encode() in cmdline
     assert os.getpgid(child) == child  # its own process group: a timeout kills the whole group
@@ -102,8 +102,9 @@ def test_the_forked_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec: S
     child = 0
     try:
         wait_for_file(markers / "orphan-0", worker)
-        child, server = map(int, (markers / "orphan-0").read_text().split())
-        assert _parent_of(server) == worker.pid  # the child's parent is the worker's server
+        child, starter = map(int, (markers / "orphan-0").read_text().split())
+        server = _parent_of(child)
+        assert starter == worker.pid and _parent_of(server) == worker.pid  # the child's parent is the worker's server
         worker.kill()
         worker.wait()
         deadline = time.monotonic() + 5.0

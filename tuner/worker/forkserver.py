@@ -12,7 +12,8 @@ each trial's child over a Unix socket. What a fresh child had, a forked one has 
 - `PR_SET_PDEATHSIG`: the server dies with the process that started it and each child with the
   server, so a SIGKILLed worker leaves no child behind; the child's own deadline (SIGALRM) is set
   by `tuner.worker.child.main` as before;
-- the environment its starter gives it (`tuner.worker.isolate.child_env`: no credentials);
+- the environment its starter gives it (`tuner.worker.isolate.child_env`: no credentials), with
+  the starter's pid in `TUNER_STARTER_PID` (its parent is the server);
   variables read only at import time are the server's, started with the starter's environment;
 - the startup hold of the host lock (`tuner.measure.exclusive`): the starter passes the held
   descriptor over the socket (SCM_RIGHTS) and the child inherits that open file description, as
@@ -47,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 from tuner.measure.exclusive import STARTUP_HOLD_ENV
-from tuner.worker.lifeline import PARENT_ENV, die_with_parent
+from tuner.worker.lifeline import PARENT_ENV, STARTER_ENV, die_with_parent
 
 log = logging.getLogger("tuner.worker")
 ENABLE_ENV = "TUNER_FORK_SERVER"  # "0": every trial child is a fresh interpreter
@@ -284,7 +285,7 @@ def _become_child(request: dict[str, Any], log_fd: int, keep_fd: int | None, ann
         os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
         os.chdir(request["cwd"])
         os.environ.clear()
-        os.environ.update({**request["env"], PARENT_ENV: str(server)})
+        os.environ.update({**request["env"], PARENT_ENV: str(server), STARTER_ENV: request["env"].get(PARENT_ENV, "")})
         os.environ.pop(STARTUP_HOLD_ENV, None)
         if keep_fd is not None:
             os.environ[STARTUP_HOLD_ENV] = str(keep_fd)

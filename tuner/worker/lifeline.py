@@ -14,6 +14,7 @@ import sys
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "TUNER_PARENT_PID"  # the pid the child expects as its parent (set by whoever starts it)
+STARTER_ENV = "TUNER_STARTER_PID"  # a child forked by a server (tuner.worker.forkserver): the process that asked for it
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
