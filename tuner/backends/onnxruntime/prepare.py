@@ -17,6 +17,7 @@ the prepared model, stored with the study and shown by `tuner space`:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -143,9 +144,13 @@ def _pre_process(src: Path, out: Path) -> dict[str, Any]:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     errors: list[str] = []
+    src, out = src.resolve(), out.resolve()
     for label, kwargs in (("full", {}), ("without symbolic shape inference", {"skip_symbolic_shape": True})):
         try:
-            quant_pre_process(str(src), str(out), **kwargs)
+            # Symbolic shape inference that stops short saves its partial model as sym_shape_infer_temp.onnx in
+            # the current directory: run it in a scratch folder of its own, removed afterwards.
+            with tempfile.TemporaryDirectory(dir=out.parent) as scratch, contextlib.chdir(scratch):
+                quant_pre_process(str(src), str(out), **kwargs)
             return {"step": "quant_pre_process", "status": "done", "detail": label + (f" ({errors[0]})" if errors else "")}
         except Exception as exc:  # symbolic shape inference rejects some custom/contrib ops; try without
             errors.append(f"{label}: {type(exc).__name__}: {' '.join(str(exc).split())[:240]}")
