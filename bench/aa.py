@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import optuna
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -80,12 +79,25 @@ def identical_landscape(name: str, source: Landscape, truth: Truth) -> tuple[Lan
         if p.outputs != default.outputs or not true:
             continue
         scale = level / true  # type: ignore[operator]
-        pool += [replace(r, samples_ms=tuple(s * scale for s in r.samples_ms)) for r in p.rounds if r.status == J.OK and r.timed]
-    points = [Point(p.route, () if p.invalid else tuple(pool), p.invalid, None if p.invalid else default.outputs) for p in source.points]
+        pool += [
+            replace(r, samples_ms=tuple(s * scale for s in r.samples_ms))
+            for r in p.rounds
+            if r.status == J.OK and r.timed
+        ]
+    points = [
+        Point(p.route, () if p.invalid else tuple(pool), p.invalid, None if p.invalid else default.outputs)
+        for p in source.points
+    ]
     medians = np.array([np.median(r.samples_ms) for r in pool])
-    about = {"source": name, "routes": len(points), "pool_rounds": len(pool), "default_ms": round(float(level), 4),  # type: ignore[arg-type]
-             "pool_round_median_cv": round(float(medians.std() / medians.mean()), 4),
-             "source_measured": source.meta["environment"].get("loadavg_start"), "source_written": source.meta["environment"].get("written")}
+    about = {
+        "source": name,
+        "routes": len(points),
+        "pool_rounds": len(pool),
+        "default_ms": round(float(level), 4),  # type: ignore[arg-type]
+        "pool_round_median_cv": round(float(medians.std() / medians.mean()), 4),
+        "source_measured": source.meta["environment"].get("loadavg_start"),
+        "source_written": source.meta["environment"].get("written"),
+    }
     return Landscape(source.meta, points, source.feeds, source.reference, source.outputs), about
 
 
@@ -96,8 +108,12 @@ def replay_study(truth: Truth, seed: int, trials: int) -> dict[str, Any]:
         sim.run(trials)
         summary = summarize_study(sim.study)
         delivered = sim.confirmed[max(sim.confirmed)]
-    return {"seed": seed, "trials": len(sim.steps), "verdict": SPEEDUP if delivered != sim.default else "default",
-            "study_speedup": _r(summary.speedup)}  # the study's best vs default: the headline before confirmation
+    return {
+        "seed": seed,
+        "trials": len(sim.steps),
+        "verdict": SPEEDUP if delivered != sim.default else "default",
+        "study_speedup": _r(summary.speedup),
+    }  # the study's best vs default: the headline before confirmation
 
 
 def run_replay(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,15 +122,26 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     parts, rows = [], []
     for name in LANDSCAPES:
         source = load_landscape(REPO / name)
-        tolerance = float(source.meta["accuracy"]["tolerance"])  # the recorded study's; every route has the default's outputs
+        tolerance = float(
+            source.meta["accuracy"]["tolerance"]
+        )  # the recorded study's; every route has the default's outputs
         landscape, about = identical_landscape(name, source, Truth(source, tolerance))
         truth = Truth(landscape, tolerance)
         these = [replay_study(truth, seed, args.trials) for seed in range(args.studies)]
-        print(f"{name}: {sum(r['verdict'] == SPEEDUP for r in these)}/{len(these)} studies reported a speedup", flush=True)
+        print(
+            f"{name}: {sum(r['verdict'] == SPEEDUP for r in these)}/{len(these)} studies reported a speedup", flush=True
+        )
         parts.append({"landscape": about, **_rates(these), "studies_detail": these})
         rows += these
-    return {"trials_per_study": args.trials, "confirm_top_k": 3, "confidence": 0.95, "sampler": "sampler_for (the study default)",
-            **_rates(rows), "machine": _machine(load_before, t0), "landscapes": parts}
+    return {
+        "trials_per_study": args.trials,
+        "confirm_top_k": 3,
+        "confidence": 0.95,
+        "sampler": "sampler_for (the study default)",
+        **_rates(rows),
+        "machine": _machine(load_before, t0),
+        "landscapes": parts,
+    }
 
 
 # -- real CPU studies -------------------------------------------------------------------------------
@@ -124,21 +151,32 @@ def _spec(tmp: Path, index: int, args: argparse.Namespace) -> Path:
     from tests.conftest import to_toml
 
     spec = tmp / f"aa-{index}.toml"
-    spec.write_text(to_toml({
-        "study": {"name": f"aa-cpu-{index}", "work_dir": str(tmp / f"work-{index}")},
-        "model": {"path": str(tmp / "tiny.onnx")},
-        "data": {"samples": 4, "gate_samples": 2},
-        "accuracy": {"metric": "cosine", "tolerance": 1e-3},
-        "objective": {"warmup_s": 0.1, "min_repeats": 20, "min_duration_s": 0.2, "timing_cap_s": args.timing_cap_s},
-        "backend": {"name": "bench.fixed_cost:FixedCostBackend", "options": {"build_s": 0.05}},
-        "run": {"budget": args.trials, "workers": 1, "seed": index, "trial_timeout_s": 120},
-    }))
+    spec.write_text(
+        to_toml(
+            {
+                "study": {"name": f"aa-cpu-{index}", "work_dir": str(tmp / f"work-{index}")},
+                "model": {"path": str(tmp / "tiny.onnx")},
+                "data": {"samples": 4, "gate_samples": 2},
+                "accuracy": {"metric": "cosine", "tolerance": 1e-3},
+                "objective": {
+                    "warmup_s": 0.1,
+                    "min_repeats": 20,
+                    "min_duration_s": 0.2,
+                    "timing_cap_s": args.timing_cap_s,
+                },
+                "backend": {"name": "bench.fixed_cost:FixedCostBackend", "options": {"build_s": 0.05}},
+                "run": {"budget": args.trials, "workers": 1, "seed": index, "trial_timeout_s": 120},
+            }
+        )
+    )
     return spec
 
 
 def _tuner(*argv: str, locks: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), LOCK_DIR_ENV: str(locks)}
-    return subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *argv], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
 
 
 def cpu_study(tmp: Path, index: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -149,10 +187,17 @@ def cpu_study(tmp: Path, index: int, args: argparse.Namespace) -> dict[str, Any]
     if run.returncode != 0:
         raise SystemExit(f"study {index}: tuner run failed ({run.returncode}): {run.stderr.strip().splitlines()[-1:]}")
     best = json.loads(_tuner("best", str(spec), "--storage", url, "--json", locks=tmp / "locks").stdout)
-    return {"seed": index, "verdict": best["verdict"], "speedup": _r(best["speedup"]), "ci": _r(best["speedup_ci"]),
-            "study_speedup": _r(best["study_speedup"]), "study_speedup_ci": _r(best.get("study_speedup_ci")),
-            "wall_s": round(time.perf_counter() - t0, 1), "loadavg_1min_before": round(load_before, 2),
-            "loadavg_1min_after": round(os.getloadavg()[0], 2)}
+    return {
+        "seed": index,
+        "verdict": best["verdict"],
+        "speedup": _r(best["speedup"]),
+        "ci": _r(best["speedup_ci"]),
+        "study_speedup": _r(best["study_speedup"]),
+        "study_speedup_ci": _r(best.get("study_speedup_ci")),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "loadavg_1min_before": round(load_before, 2),
+        "loadavg_1min_after": round(os.getloadavg()[0], 2),
+    }
 
 
 def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
@@ -167,12 +212,23 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(args.studies):
             rows.append(cpu_study(tmp, i, args))
             r = rows[-1]
-            print(f"study {i}: {r['verdict']} (study's own estimate {r['study_speedup']}, {r['wall_s']} s, load {r['loadavg_1min_after']})", flush=True)
-    return {"backend": "bench.fixed_cost:FixedCostBackend (knobs a, b, c change nothing)", "model": "tests.models.conv_model (tiny CNN)",
-            "trials_per_study": args.trials, "workers": 1, "confirm_top_k": args.top_k, "timing_cap_s": args.timing_cap_s,
-            "timing_lock": "private to this benchmark ($TUNER_LOCK_DIR): its timings were exclusive among its own processes, "
-                           "not against the other jobs sharing the machine (see loadavg)", **_rates(rows),
-            "machine": _machine(load_before, t0), "studies_detail": rows}
+            print(
+                f"study {i}: {r['verdict']} (study's own estimate {r['study_speedup']}, {r['wall_s']} s, load {r['loadavg_1min_after']})",
+                flush=True,
+            )
+    return {
+        "backend": "bench.fixed_cost:FixedCostBackend (knobs a, b, c change nothing)",
+        "model": "tests.models.conv_model (tiny CNN)",
+        "trials_per_study": args.trials,
+        "workers": 1,
+        "confirm_top_k": args.top_k,
+        "timing_cap_s": args.timing_cap_s,
+        "timing_lock": "private to this benchmark ($TUNER_LOCK_DIR): its timings were exclusive among its own processes, "
+        "not against the other jobs sharing the machine (see loadavg)",
+        **_rates(rows),
+        "machine": _machine(load_before, t0),
+        "studies_detail": rows,
+    }
 
 
 # -- figures and the results file -------------------------------------------------------------------
@@ -186,12 +242,20 @@ def _rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in rows:
         verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
     return {
-        "studies": n, "reported_speedup": wins, "false_win_rate": round(wins / n, 4), "false_win_rate_ci95": _wilson(wins, n),
-        "target": TARGET, "met": wins / n <= TARGET, "verdicts": verdicts,
-        "study_estimate_above_1": sum(s > 1.0 for s in study), "study_estimate_above_1_05": sum(s > 1.05 for s in study),
+        "studies": n,
+        "reported_speedup": wins,
+        "false_win_rate": round(wins / n, 4),
+        "false_win_rate_ci95": _wilson(wins, n),
+        "target": TARGET,
+        "met": wins / n <= TARGET,
+        "verdicts": verdicts,
+        "study_estimate_above_1": sum(s > 1.0 for s in study),
+        "study_estimate_above_1_05": sum(s > 1.05 for s in study),
         "study_estimate_median": round(statistics.median(study), 4) if study else None,
         "study_estimate_max": round(max(study), 4) if study else None,
-        "study_interval_above_1": sum(1 for r in rows if (r.get("study_speedup_ci") or [0.0])[0] > 1.0),  # paired trials only
+        "study_interval_above_1": sum(
+            1 for r in rows if (r.get("study_speedup_ci") or [0.0])[0] > 1.0
+        ),  # paired trials only
     }
 
 
@@ -211,9 +275,16 @@ def _wilson(k: int, n: int, z: float = 1.96) -> list[float]:
 
 
 def _machine(load_before: tuple[float, float, float], t0: float) -> dict[str, Any]:
-    return {"loadavg_before": [round(v, 2) for v in load_before], "loadavg_after": [round(v, 2) for v in os.getloadavg()],
-            "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "started": _utc(t0), "finished": _utc(time.time()), "wall_s": round(time.time() - t0, 1)}
+    return {
+        "loadavg_before": [round(v, 2) for v in load_before],
+        "loadavg_after": [round(v, 2) for v in os.getloadavg()],
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "started": _utc(t0),
+        "finished": _utc(time.time()),
+        "wall_s": round(time.time() - t0, 1),
+    }
 
 
 def _utc(t: float) -> str:
@@ -225,8 +296,10 @@ def write_part(part: str, doc: dict[str, Any], path: Path = RESULTS) -> None:
     results = json.loads(path.read_text()) if path.exists() else {}
     section = dict(results.get(KEY) or {})
     section[part] = doc
-    section["note"] = ("A/A: every route is the same engine; a study 'reports a speedup' when its verdict "
-                       "(tuner.study.verdict, after the end-of-study confirmation) is 'speedup'. Target: <= 5 % of studies.")
+    section["note"] = (
+        "A/A: every route is the same engine; a study 'reports a speedup' when its verdict "
+        "(tuner.study.verdict, after the end-of-study confirmation) is 'speedup'. Target: <= 5 % of studies."
+    )
     results[KEY] = section
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -240,10 +313,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("part", choices=("replay", "cpu"))
     p.add_argument("--studies", type=int, default=None, help="studies (default: 200 per landscape replay, 5 cpu)")
     p.add_argument("--trials", type=int, default=None, help="trial budget per study (default: 20 replay, 6 cpu)")
-    p.add_argument("--top-k", type=int, default=None, help="candidates confirmed (default: 3 replay, as `tuner run`; 1 cpu, to stay short)")
-    p.add_argument("--timing-cap-s", type=float, default=3.0, help="cpu: each trial's timing cap (the study file's objective.timing_cap_s)")
-    p.add_argument("--busy", action="store_true", help="cpu: keep one core busy with another process throughout (bench/busy.py)")
-    p.add_argument("--out", type=Path, default=RESULTS, help="the results file (default: bench/results/measurement.json)")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="candidates confirmed (default: 3 replay, as `tuner run`; 1 cpu, to stay short)",
+    )
+    p.add_argument(
+        "--timing-cap-s",
+        type=float,
+        default=3.0,
+        help="cpu: each trial's timing cap (the study file's objective.timing_cap_s)",
+    )
+    p.add_argument(
+        "--busy", action="store_true", help="cpu: keep one core busy with another process throughout (bench/busy.py)"
+    )
+    p.add_argument(
+        "--out", type=Path, default=RESULTS, help="the results file (default: bench/results/measurement.json)"
+    )
     args = p.parse_args(argv)
     replay_part = args.part == "replay"
     args.studies = args.studies or (200 if replay_part else 5)
@@ -256,9 +343,11 @@ def main(argv: list[str] | None = None) -> int:
         with busy_core() if args.busy else contextlib.nullcontext() as busy:
             doc = {**run_cpu(args), **({"busy": busy.describe()} if busy else {})}
     write_part(part, doc, args.out)
-    print(f"{part}: {doc['reported_speedup']}/{doc['studies']} A/A studies reported a speedup "
-          f"({doc['false_win_rate']:.1%}, 95% CI {doc['false_win_rate_ci95'][0]:.1%}-{doc['false_win_rate_ci95'][1]:.1%}; target <= {TARGET:.0%}); "
-          f"the study's own estimate was above 1.0 in {doc['study_estimate_above_1']} (max {doc['study_estimate_max']}x)")
+    print(
+        f"{part}: {doc['reported_speedup']}/{doc['studies']} A/A studies reported a speedup "
+        f"({doc['false_win_rate']:.1%}, 95% CI {doc['false_win_rate_ci95'][0]:.1%}-{doc['false_win_rate_ci95'][1]:.1%}; target <= {TARGET:.0%}); "
+        f"the study's own estimate was above 1.0 in {doc['study_estimate_above_1']} (max {doc['study_estimate_max']}x)"
+    )
     return 0 if doc["met"] else 1
 
 

@@ -33,8 +33,11 @@ class Busy:
     def describe(self) -> dict[str, Any]:
         """What it did: its CPU time over its wall time (1.0 = a whole core)."""
         wall = time.monotonic() - self.started
-        return {"what": "one Python process spinning (bench/busy.py)", "wall_s": round(wall, 1),
-                "cores_used": round(self.cpu_s() / wall, 3) if wall > 0 else None}
+        return {
+            "what": "one Python process spinning (bench/busy.py)",
+            "wall_s": round(wall, 1),
+            "cores_used": round(self.cpu_s() / wall, 3) if wall > 0 else None,
+        }
 
 
 @contextlib.contextmanager

@@ -61,10 +61,31 @@ from tests.pg_faults import Watch  # noqa: E402
 from tests.proxy import TcpProxy  # noqa: E402
 from tuner.store.db import lock_key  # noqa: E402
 
-PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1] if Path("/usr/lib/postgresql").exists() else Path("/usr/bin")
-FAULTS = ("kill_worker", "kill_worker", "kill_child", "kill_child", "kill_child", "stop_worker", "pg_restart", "outage", "disk_full",
-          "stop_in_lock", "commit_drops", "freeze_short", "freeze_long_sigterm", "partition_host", "squat_locks", "gc_during_racing")
-FIRST, LAST = ("stop_baseline",), ("two_confirmations",)  # at the start of the run, and after the study's budget is spent
+PG_BIN = (
+    sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1] if Path("/usr/lib/postgresql").exists() else Path("/usr/bin")
+)
+FAULTS = (
+    "kill_worker",
+    "kill_worker",
+    "kill_child",
+    "kill_child",
+    "kill_child",
+    "stop_worker",
+    "pg_restart",
+    "outage",
+    "disk_full",
+    "stop_in_lock",
+    "commit_drops",
+    "freeze_short",
+    "freeze_long_sigterm",
+    "partition_host",
+    "squat_locks",
+    "gc_during_racing",
+)
+FIRST, LAST = (
+    ("stop_baseline",),
+    ("two_confirmations",),
+)  # at the start of the run, and after the study's budget is spent
 STEPS = ("reap", "tell", "requeue", "record")  # where a connection is broken after COMMIT
 # Bounds shortened for the benchmark (names of tuner.store.db.PgTimeouts): a frozen lock holder's session
 # ends after 30 s idle, and TCP keepalives give up after about 5 + 2 * 3 = 11 s.
@@ -94,18 +115,43 @@ class PrivateCluster:
 
     def _as_postgres(self, *cmd: str) -> None:
         # No pipes: the server inherits pg_ctl's stdout, and a pipe would never reach end-of-file.
-        subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180)
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *cmd],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=180,
+        )
 
     def start(self) -> None:
         """initdb (trust auth) and start."""
         shutil.chown(self.root, "postgres")
         self._as_postgres(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust")
-        self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-w",
-                          "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200", "start")
+        self._as_postgres(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "-o",
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200",
+            "start",
+        )
 
     def restart(self) -> None:
         """A real server restart: every connection is dropped."""
-        self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-m", "fast", "restart")
+        self._as_postgres(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "-m",
+            "fast",
+            "restart",
+        )
 
     def stop(self) -> None:
         """Stop the server (the data directory goes with the temporary directory)."""
@@ -138,7 +184,10 @@ def _query(url: str, sql: str, args: tuple = ()) -> list[tuple]:
                     return list(cur.fetchall())
             finally:
                 conn.close()
-        except (psycopg2.OperationalError, psycopg2.errors.UndefinedTable):  # restarting, or `tuner run` still setting up
+        except (
+            psycopg2.OperationalError,
+            psycopg2.errors.UndefinedTable,
+        ):  # restarting, or `tuner run` still setting up
             time.sleep(0.5)
     raise RuntimeError("the private cluster did not answer")
 
@@ -195,10 +244,16 @@ def _netns_up(seed: int) -> str:
     """Make the other host's network namespace and its veth link; '' on success, else why not."""
     _netns_down(seed)
     ns, (here, there) = _netns(seed), _netns_addresses(seed)
-    for args in (("netns", "add", ns), ("link", "add", f"tc{seed}a", "type", "veth", "peer", "name", f"tc{seed}b"),
-                 ("link", "set", f"tc{seed}b", "netns", ns), ("addr", "add", f"{here}/30", "dev", f"tc{seed}a"),
-                 ("link", "set", f"tc{seed}a", "up"), ("-n", ns, "addr", "add", f"{there}/30", "dev", f"tc{seed}b"),
-                 ("-n", ns, "link", "set", f"tc{seed}b", "up"), ("-n", ns, "link", "set", "lo", "up")):
+    for args in (
+        ("netns", "add", ns),
+        ("link", "add", f"tc{seed}a", "type", "veth", "peer", "name", f"tc{seed}b"),
+        ("link", "set", f"tc{seed}b", "netns", ns),
+        ("addr", "add", f"{here}/30", "dev", f"tc{seed}a"),
+        ("link", "set", f"tc{seed}a", "up"),
+        ("-n", ns, "addr", "add", f"{there}/30", "dev", f"tc{seed}b"),
+        ("-n", ns, "link", "set", f"tc{seed}b", "up"),
+        ("-n", ns, "link", "set", "lo", "up"),
+    ):
         done = _ip(*args)
         if done.returncode != 0:
             return f"ip {' '.join(args)}: {done.stderr.strip()}"
@@ -243,8 +298,13 @@ class Seed:
         self.watch = Watch()
         self.runs: list[subprocess.Popen[bytes]] = []  # every `tuner run` of this host, in order
         self.other: subprocess.Popen[bytes] | None = None  # the second host's `tuner run`
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "TUNER_PG_TIMEOUTS": PG_TIMEOUTS,
-                    "TUNER_LOCK_DIR": str(self.root / "locks")}  # made by the tuner, in a folder others may enter
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "COLUMNS": "200",
+            "TUNER_PG_TIMEOUTS": PG_TIMEOUTS,
+            "TUNER_LOCK_DIR": str(self.root / "locks"),
+        }  # made by the tuner, in a folder others may enter
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -260,18 +320,35 @@ class Seed:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(self.disk)], check=True)
         self.build_log.mkdir()
         conv_model(self.root / "tiny.onnx")
-        self.spec.write_text(to_toml({
-            "study": {"name": f"chaos-{self.seed}", "work_dir": str(self.disk / "work")},
-            "model": {"path": str(self.root / "tiny.onnx")},
-            "data": {"samples": 2, "gate_samples": 1},
-            "accuracy": {"metric": "max_abs", "tolerance": 1e-3},
-            "objective": {"warmup_s": 0.0, "min_repeats": 3, "min_duration_s": 0.0,
-                          **({"timing_cap_s": self.timing_cap_s} if self.timing_cap_s is not None else {})},
-            "backend": {"name": "bench.fixed_cost:LoggedFixedCostBackend",
-                        "options": {"build_s": self.build_s, "build_log": str(self.build_log)}},
-            "run": {"budget": self.budget, "workers": self.workers, "sampler": "random", "seed": self.seed,
-                    "heartbeat_s": 1.0, "grace_s": self.grace_s, "trial_timeout_s": 120.0},
-        }))
+        self.spec.write_text(
+            to_toml(
+                {
+                    "study": {"name": f"chaos-{self.seed}", "work_dir": str(self.disk / "work")},
+                    "model": {"path": str(self.root / "tiny.onnx")},
+                    "data": {"samples": 2, "gate_samples": 1},
+                    "accuracy": {"metric": "max_abs", "tolerance": 1e-3},
+                    "objective": {
+                        "warmup_s": 0.0,
+                        "min_repeats": 3,
+                        "min_duration_s": 0.0,
+                        **({"timing_cap_s": self.timing_cap_s} if self.timing_cap_s is not None else {}),
+                    },
+                    "backend": {
+                        "name": "bench.fixed_cost:LoggedFixedCostBackend",
+                        "options": {"build_s": self.build_s, "build_log": str(self.build_log)},
+                    },
+                    "run": {
+                        "budget": self.budget,
+                        "workers": self.workers,
+                        "sampler": "random",
+                        "seed": self.seed,
+                        "heartbeat_s": 1.0,
+                        "grace_s": self.grace_s,
+                        "trial_timeout_s": 120.0,
+                    },
+                }
+            )
+        )
 
     def teardown(self) -> None:
         for proc in [*self.runs, self.other]:
@@ -286,9 +363,23 @@ class Seed:
 
     def start_run(self, *extra: str, confirm: bool = False) -> subprocess.Popen[bytes]:
         with open(self.log, "ab") as f:
-            proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(self.spec), "--storage", self.url,
-                                     *([] if confirm else ["--no-confirm"]), *extra],
-                                    stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=self.env)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tuner",
+                    "run",
+                    str(self.spec),
+                    "--storage",
+                    self.url,
+                    *([] if confirm else ["--no-confirm"]),
+                    *extra,
+                ],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env=self.env,
+            )
         self.runs.append(proc)
         return proc
 
@@ -298,7 +389,9 @@ class Seed:
         return self.runs[-1]
 
     def finished(self) -> int:
-        return int(_query(self.direct, "SELECT count(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED', 'FAIL')")[0][0])
+        return int(
+            _query(self.direct, "SELECT count(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED', 'FAIL')")[0][0]
+        )
 
     def workers_now(self) -> list[int]:
         return [pid for pid, _, cmd in _procs() if "tuner.worker.main" in cmd and str(self.spec) in cmd]
@@ -309,7 +402,11 @@ class Seed:
     def run(self) -> dict[str, Any]:
         """Run the study under the fault schedule, resume it, and measure."""
         order = self.rng.sample(self.schedule, len(self.schedule))
-        triggers = sorted(self.rng.sample(range(2, self.budget - len(self.schedule) // 2 - 2), len(self.schedule))) if order else []
+        triggers = (
+            sorted(self.rng.sample(range(2, self.budget - len(self.schedule) // 2 - 2), len(self.schedule)))
+            if order
+            else []
+        )
         t0 = time.monotonic()
         self.start_run()
         try:
@@ -329,8 +426,13 @@ class Seed:
         wall = time.monotonic() - t0
         self.inject([*self.last], [0] * len(self.last), t0, restart=False)
         exits = [p.returncode for p in self.runs]
-        return {**self.measure(), "first_run_exit": exits[0], "run_exits": exits, "wall_s": round(wall, 1),
-                "other_host_exit": self.other.returncode if self.other is not None else None}
+        return {
+            **self.measure(),
+            "first_run_exit": exits[0],
+            "run_exits": exits,
+            "wall_s": round(wall, 1),
+            "other_host_exit": self.other.returncode if self.other is not None else None,
+        }
 
     def inject(self, order: list[str], triggers: list[int], t0: float, restart: bool = True) -> None:
         """Each fault in turn, once its number of trials has finished; a run that ended early (SIGTERM) is resumed."""
@@ -345,8 +447,15 @@ class Seed:
                 self.start_run()
             started = time.monotonic()
             detail = getattr(self, name)()
-            self.faults.append({"fault": name, "at_trials": at, "t_s": round(started - t0, 1),
-                                "duration_s": round(time.monotonic() - started, 1), **detail})
+            self.faults.append(
+                {
+                    "fault": name,
+                    "at_trials": at,
+                    "t_s": round(started - t0, 1),
+                    "duration_s": round(time.monotonic() - started, 1),
+                    **detail,
+                }
+            )
             print(f"seed {self.seed}: {self.faults[-1]}", flush=True)
 
     # -- faults ----------------------------------------------------------------------------
@@ -372,7 +481,12 @@ class Seed:
         while any(pid in {p for p, _, _ in _procs()} for pid in kids) and time.monotonic() - t < 10:
             time.sleep(0.05)
         alive = [pid for pid in kids if pid in {p for p, _, _ in _procs()}]
-        return {"pid": victim, "children": len(kids), "children_gone_after_s": round(time.monotonic() - t, 2), "children_left": len(alive)}
+        return {
+            "pid": victim,
+            "children": len(kids),
+            "children_gone_after_s": round(time.monotonic() - t, 2),
+            "children_left": len(alive),
+        }
 
     def kill_child(self) -> dict[str, Any]:
         children = self._wait_for("child")
@@ -392,7 +506,9 @@ class Seed:
         t = time.monotonic()
         reaped = False
         while time.monotonic() - t < 6 * self.grace_s:
-            rows = _query(self.direct, "SELECT count(*) FROM tuner_leases WHERE pid = %s AND state = 'reaped'", (victim,))
+            rows = _query(
+                self.direct, "SELECT count(*) FROM tuner_leases WHERE pid = %s AND state = 'reaped'", (victim,)
+            )
             if rows[0][0]:
                 reaped = True
                 break
@@ -443,8 +559,11 @@ class Seed:
         """SIGSTOP the worker of trial 0 (the baseline, which the others pair with) until it is reaped."""
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
-            rows = _query(self.direct, "SELECT l.pid FROM tuner_leases l JOIN trials t ON t.trial_id = l.trial_id "
-                                       "WHERE t.number = 0 AND l.state = 'running' AND l.pid > 0")
+            rows = _query(
+                self.direct,
+                "SELECT l.pid FROM tuner_leases l JOIN trials t ON t.trial_id = l.trial_id "
+                "WHERE t.number = 0 AND l.state = 'running' AND l.pid > 0",
+            )
             if rows:
                 return self._stop_until_reaped(int(rows[0][0]), (int(rows[0][0]),))
             time.sleep(0.1)
@@ -455,12 +574,20 @@ class Seed:
         key = lock_key(f"route-tuner:chaos-{self.seed}")
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
-            rows = _query(self.direct, "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                                       "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s",
-                          ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+            rows = _query(
+                self.direct,
+                "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s",
+                ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+            )
             pid = _owner_of_port(self.proxy.clients.get(int(rows[0][0]), -1)) if rows and rows[0][0] else None
-            if pid is not None and pid in self.workers_now() and _query(
-                    self.direct, "SELECT count(*) FROM tuner_leases WHERE pid = %s AND state = 'running'", (pid,))[0][0]:
+            if (
+                pid is not None
+                and pid in self.workers_now()
+                and _query(
+                    self.direct, "SELECT count(*) FROM tuner_leases WHERE pid = %s AND state = 'running'", (pid,)
+                )[0][0]
+            ):
                 return self._stop_until_reaped(pid, (pid,))  # it holds a trial: after asking for it, or telling it
             time.sleep(0.02)
         return {"skipped": "no worker with a trial was seen holding the study lock"}
@@ -510,12 +637,31 @@ class Seed:
         self.other_proxy = TcpProxy(self.cluster.port, host=host_ip, watch=self.other_watch)
         self.other_proxy.start()
         url = f"postgresql://postgres@{host_ip}:{self.other_proxy.port}/chaos"
-        script = (f"hostname chaos-{self.seed}-b && exec {sys.executable} -m tuner run {self.spec} --no-confirm --workers 1 "
-                  f"--storage {url}")
+        script = (
+            f"hostname chaos-{self.seed}-b && exec {sys.executable} -m tuner run {self.spec} --no-confirm --workers 1 "
+            f"--storage {url}"
+        )
         with open(self.root / "other-host.log", "ab") as f:
-            self.other = subprocess.Popen(["ip", "netns", "exec", _netns(self.seed), "unshare", "--uts", "--pid", "--fork",
-                                           "--mount-proc", "sh", "-c", script], stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-                                          env={**self.env, "TUNER_LOCK_DIR": str(self.root / "locks-b")})
+            self.other = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    _netns(self.seed),
+                    "unshare",
+                    "--uts",
+                    "--pid",
+                    "--fork",
+                    "--mount-proc",
+                    "sh",
+                    "-c",
+                    script,
+                ],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**self.env, "TUNER_LOCK_DIR": str(self.root / "locks-b")},
+            )
         cut = threading.Event()
         times: dict[str, float] = {}
 
@@ -531,29 +677,40 @@ class Seed:
         happened = cut.wait(timeout=WAIT_S)
         while happened and "restored" not in times:
             time.sleep(0.2)
-        return {"partitioned_in_a_tell": happened, "partition_s": round(times["restored"] - times["cut"], 1) if happened else None}
+        return {
+            "partitioned_in_a_tell": happened,
+            "partition_s": round(times["restored"] - times["cut"], 1) if happened else None,
+        }
 
     def squat_locks(self) -> dict[str, Any]:
         """Another local user opens and flocks every timing lock file it can, for a while."""
         if subprocess.run(["id", SQUATTER], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SQUATTER], check=True)
-        code = ("import fcntl, os, sys, time\n"
-                "d, end, held = sys.argv[1], time.monotonic() + float(sys.argv[2]), {}\n"
-                "while time.monotonic() < end:\n"
-                "    try: names = os.listdir(d)\n"
-                "    except OSError: names = []\n"
-                "    for n in names:\n"
-                "        if n in held: continue\n"
-                "        try:\n"
-                "            fd = os.open(os.path.join(d, n), os.O_RDONLY | os.O_NOFOLLOW)\n"
-                "            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB); held[n] = fd\n"
-                "        except OSError: pass\n"
-                "    time.sleep(0.2)\n"
-                "print(len(held))\n")
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SQUATTER], check=True
+            )
+        code = (
+            "import fcntl, os, sys, time\n"
+            "d, end, held = sys.argv[1], time.monotonic() + float(sys.argv[2]), {}\n"
+            "while time.monotonic() < end:\n"
+            "    try: names = os.listdir(d)\n"
+            "    except OSError: names = []\n"
+            "    for n in names:\n"
+            "        if n in held: continue\n"
+            "        try:\n"
+            "            fd = os.open(os.path.join(d, n), os.O_RDONLY | os.O_NOFOLLOW)\n"
+            "            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB); held[n] = fd\n"
+            "        except OSError: pass\n"
+            "    time.sleep(0.2)\n"
+            "print(len(held))\n"
+        )
         before = self.timeouts()
         python = "/usr/bin/python3"  # the system's: another user cannot run a virtual environment under /root
-        done = subprocess.run(["runuser", "-u", SQUATTER, "--", python, "-c", code, self.env["TUNER_LOCK_DIR"], "30"],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            ["runuser", "-u", SQUATTER, "--", python, "-c", code, self.env["TUNER_LOCK_DIR"], "30"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if done.returncode != 0:
             return {"skipped": f"the squatter did not run: {done.stderr.strip()[-200:]}"}
         return {"files_held": int(done.stdout.strip()), "timeouts_meanwhile": self.timeouts() - before}
@@ -566,8 +723,14 @@ class Seed:
             rows = _query(self.direct, "SELECT value_json FROM study_user_attributes WHERE key = 'racing'")
             claimed = any('"claim": {' in r[0] for r in rows)
             time.sleep(0.1)
-        done = subprocess.run([sys.executable, "-m", "tuner", "gc", str(self.spec), "--storage", self.url, "--yes"],
-                              capture_output=True, text=True, cwd=REPO, env=self.env, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "tuner", "gc", str(self.spec), "--storage", self.url, "--yes"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=self.env,
+            timeout=600,
+        )
         last = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
         return {"during_a_claim": claimed, "exit": done.returncode, "said": last[0][:200]}
 
@@ -583,46 +746,74 @@ class Seed:
         waiting = 0
         while waiting < 2 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
             with holder.cursor() as cur:
-                cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
-                            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+                cur.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
+                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+                )
                 waiting = int(cur.fetchone()[0])
             time.sleep(0.1)
         with holder.cursor() as cur:
             cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
         holder.close()
         exits = [p.wait(timeout=900) for p in procs]
-        measured = _query(self.direct, "SELECT count(DISTINCT result_key) FROM tuner_measurements WHERE kind = 'confirm'")[0][0]
+        measured = _query(
+            self.direct, "SELECT count(DISTINCT result_key) FROM tuner_measurements WHERE kind = 'confirm'"
+        )[0][0]
         return {"both_waited": waiting >= 2, "exits": exits, "confirmations_measured": int(measured)}
 
     def timeouts(self) -> int:
-        return int(_query(self.direct, "SELECT count(*) FROM trial_user_attributes WHERE key = 'failure_class' AND value_json = '\"timeout\"'")[0][0])
+        return int(
+            _query(
+                self.direct,
+                "SELECT count(*) FROM trial_user_attributes WHERE key = 'failure_class' AND value_json = '\"timeout\"'",
+            )[0][0]
+        )
 
     # -- what it left behind -------------------------------------------------------------------
 
     def counted_and_pending(self) -> tuple[int, int]:
-        rows = _query(self.direct, """
+        rows = _query(
+            self.direct,
+            """
             SELECT t.state, a.value_json FROM trials t
-            LEFT JOIN trial_user_attributes a ON a.trial_id = t.trial_id AND a.key = 'failure_class'""")
+            LEFT JOIN trial_user_attributes a ON a.trial_id = t.trial_id AND a.key = 'failure_class'""",
+        )
         uncounted = {'"interrupted"', '"lost"', '"environment-error"'}
-        counted = sum(1 for state, fc in rows if state in ("COMPLETE", "PRUNED") or (state == "FAIL" and fc not in uncounted))
+        counted = sum(
+            1 for state, fc in rows if state in ("COMPLETE", "PRUNED") or (state == "FAIL" and fc not in uncounted)
+        )
         pending = sum(1 for state, _ in rows if state in ("RUNNING", "WAITING"))
         return counted, pending
 
     def measure(self) -> dict[str, Any]:
-        rows = _query(self.direct, """
+        rows = _query(
+            self.direct,
+            """
             SELECT t.number, t.state,
                    (SELECT value_json FROM trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = 'failure_class'),
                    (SELECT json_object_agg(param_name, param_value) FROM trial_params p WHERE p.trial_id = t.trial_id),
                    (SELECT value_json FROM trial_system_attributes s WHERE s.trial_id = t.trial_id AND s.key = 'fixed_params'),
                    (SELECT value_json FROM trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = 'cache_hit')
-            FROM trials t ORDER BY t.number""")
+            FROM trials t ORDER BY t.number""",
+        )
         trials = []
         for number, state, fc, params, fixed, hit in rows:
             route = json.dumps(params or (json.loads(fixed) if fixed else {}), sort_keys=True)
-            trials.append({"number": number, "state": state, "class": json.loads(fc) if fc else "", "route": route,
-                           "cache_hit": hit == "true"})
+            trials.append(
+                {
+                    "number": number,
+                    "state": state,
+                    "class": json.loads(fc) if fc else "",
+                    "route": route,
+                    "cache_hit": hit == "true",
+                }
+            )
         uncounted = {"interrupted", "lost", "environment-error"}
-        counted = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED") or (t["state"] == "FAIL" and t["class"] not in uncounted)]
+        counted = [
+            t
+            for t in trials
+            if t["state"] in ("COMPLETE", "PRUNED") or (t["state"] == "FAIL" and t["class"] not in uncounted)
+        ]
         counted_routes = [t["route"] for t in counted]
         built = [t["route"] for t in counted if not t["cache_hit"]]  # a cache hit reuses a result: no build
         requeued = [t for t in trials if t["state"] == "FAIL" and t["class"] in uncounted]
@@ -632,32 +823,52 @@ class Seed:
         orphans = [cmd for _, _, cmd in _procs() if str(self.spec) in cmd or str(self.disk) in cmd]
         kills = [f for f in self.faults if f["fault"] == "kill_worker" and "children_left" in f]
         lost_routes = [t["route"] for t in trials if t["class"] == "lost" and t["route"] != "{}"]
-        duplicate_rows = _query(self.direct, """
-            SELECT count(*) - count(DISTINCT (study, trial_number, kind, md5(samples_ms::text), md5(stats::text))) FROM tuner_measurements""")[0][0]
+        duplicate_rows = _query(
+            self.direct,
+            """
+            SELECT count(*) - count(DISTINCT (study, trial_number, kind, md5(samples_ms::text), md5(stats::text))) FROM tuner_measurements""",
+        )[0][0]
         stops = [f for f in self.faults if "reaped_while_stopped" in f]
         sigterms = [f for f in self.faults if f["fault"] == "freeze_long_sigterm" and "skipped" not in f]
         return {
-            "seed": self.seed, "outage_s": self.outage_s, "budget": self.budget, "workers": self.workers,
-            "faults_injected": sum(1 for f in self.faults if "skipped" not in f), "faults": self.faults,
-            "trials_total": len(trials), "trials_counted": len(counted), "budget_exact": len(counted) == self.budget,
-            "trials_lost": len(lost), "trials_left_running": sum(1 for t in trials if t["state"] in ("RUNNING", "WAITING")),
+            "seed": self.seed,
+            "outage_s": self.outage_s,
+            "budget": self.budget,
+            "workers": self.workers,
+            "faults_injected": sum(1 for f in self.faults if "skipped" not in f),
+            "faults": self.faults,
+            "trials_total": len(trials),
+            "trials_counted": len(counted),
+            "budget_exact": len(counted) == self.budget,
+            "trials_lost": len(lost),
+            "trials_left_running": sum(1 for t in trials if t["state"] in ("RUNNING", "WAITING")),
             "routes_built_twice": len(built) - len(set(built)),
-            "duplicates": [[t["number"], t["state"], t["class"], t["cache_hit"]] for t in counted if counted_routes.count(t["route"]) > 1],
+            "duplicates": [
+                [t["number"], t["state"], t["class"], t["cache_hit"]]
+                for t in counted
+                if counted_routes.count(t["route"]) > 1
+            ],
             "cache_hits": sum(1 for t in counted if t["cache_hit"]),
             "concurrent_duplicate_builds": _concurrent_duplicates(builds, self.build_s),
-            "builds": len(builds), "orphans_after_run": len(orphans),
+            "builds": len(builds),
+            "orphans_after_run": len(orphans),
             "children_alive_5s_after_worker_kill": sum(f["children_left"] for f in kills)
             + sum(1 for f in kills if f["children_gone_after_s"] > 5),
-            "cached_environment_errors": sum(1 for status, msg in cache if status == "environment-error" or ENV_PATTERN.search(msg or "")),
+            "cached_environment_errors": sum(
+                1 for status, msg in cache if status == "environment-error" or ENV_PATTERN.search(msg or "")
+            ),
             "requeued": {c: sum(1 for t in requeued if t["class"] == c) for c in sorted(uncounted)},
             "duplicate_measurement_rows": int(duplicate_rows),
             "reaped_while_stopped": bool(stops) and all(f["reaped_while_stopped"] for f in stops),
             "sigterm_under_frozen_db_s": [f.get("sigterm_answered_s") for f in sigterms],
-            "sigterm_answered_within_15s": bool(sigterms) and all((f.get("sigterm_answered_s") or 1e9) <= SIGTERM_LIMIT_S for f in sigterms),
+            "sigterm_answered_within_15s": bool(sigterms)
+            and all((f.get("sigterm_answered_s") or 1e9) <= SIGTERM_LIMIT_S for f in sigterms),
             "commit_drops": sorted(self.watch.dropped),
             "fault_kinds": sorted({f["fault"] for f in self.faults if "skipped" not in f}),
-            "waste": {"budget_on_timeouts": sum(1 for t in counted if t["class"] == "timeout"),
-                      "routes_lost_more_than_once": sum(1 for r in set(lost_routes) if lost_routes.count(r) > 1)},
+            "waste": {
+                "budget_on_timeouts": sum(1 for t in counted if t["class"] == "timeout"),
+                "routes_lost_more_than_once": sum(1 for r in set(lost_routes) if lost_routes.count(r) > 1),
+            },
         }
 
 
@@ -665,7 +876,9 @@ def _concurrent_duplicates(builds: list[dict[str, Any]], build_s: float) -> int:
     """Pairs of builds of one route that overlapped in time (a killed build counts as lasting build_s)."""
     by_route: dict[str, list[tuple[float, float]]] = {}
     for b in builds:
-        by_route.setdefault(json.dumps(b["route"], sort_keys=True), []).append((b["start"], b.get("end") or b["start"] + build_s))
+        by_route.setdefault(json.dumps(b["route"], sort_keys=True), []).append(
+            (b["start"], b.get("end") or b["start"] + build_s)
+        )
     pairs = 0
     for spans in by_route.values():
         spans.sort()
@@ -680,16 +893,29 @@ def _interrupt(signum: int, frame: Any) -> None:
 def machine_state() -> dict[str, Any]:
     """Load average and CPU clocks now."""
     mhz = [float(m) for m in re.findall(r"cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text())]
-    return {"loadavg": [round(x, 2) for x in os.getloadavg()], "cpu_mhz": [round(m) for m in mhz], "cores": os.cpu_count(),
-            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "cpu_mhz": [round(m) for m in mhz],
+        "cores": os.cpu_count(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
-TABLE = (("faults injected", "faults_injected"), ("trials lost", "trials_lost"), ("trials left RUNNING/WAITING", "trials_left_running"),
-         ("routes built twice (counted, not cache hits)", "routes_built_twice"), ("overlapping builds of one route", "concurrent_duplicate_builds"),
-         ("orphan processes after the run", "orphans_after_run"), ("children alive 5 s after their worker's SIGKILL", "children_alive_5s_after_worker_kill"),
-         ("budget exact", "budget_exact"), ("cached environment errors", "cached_environment_errors"),
-         ("duplicate measurement rows", "duplicate_measurement_rows"), ("stopped workers reaped while stopped", "reaped_while_stopped"),
-         ("SIGTERM under a frozen database answered within 15 s", "sigterm_answered_within_15s"), ("first run's exit status", "first_run_exit"))
+TABLE = (
+    ("faults injected", "faults_injected"),
+    ("trials lost", "trials_lost"),
+    ("trials left RUNNING/WAITING", "trials_left_running"),
+    ("routes built twice (counted, not cache hits)", "routes_built_twice"),
+    ("overlapping builds of one route", "concurrent_duplicate_builds"),
+    ("orphan processes after the run", "orphans_after_run"),
+    ("children alive 5 s after their worker's SIGKILL", "children_alive_5s_after_worker_kill"),
+    ("budget exact", "budget_exact"),
+    ("cached environment errors", "cached_environment_errors"),
+    ("duplicate measurement rows", "duplicate_measurement_rows"),
+    ("stopped workers reaped while stopped", "reaped_while_stopped"),
+    ("SIGTERM under a frozen database answered within 15 s", "sigterm_answered_within_15s"),
+    ("first run's exit status", "first_run_exit"),
+)
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -698,7 +924,11 @@ def table(doc: dict[str, Any]) -> str:
     head = "| | " + " | ".join(f"seed {s['seed']} ({s['outage_s']:g} s outage)" for s in seeds) + " |"
     rows = [head, "|---" * (len(seeds) + 1) + "|"]
     for label, key in TABLE:
-        rows.append(f"| {label} | " + " | ".join(("yes" if s[key] else "no") if isinstance(s[key], bool) else str(s[key]) for s in seeds) + " |")
+        rows.append(
+            f"| {label} | "
+            + " | ".join(("yes" if s[key] else "no") if isinstance(s[key], bool) else str(s[key]) for s in seeds)
+            + " |"
+        )
     return "\n".join(rows)
 
 
@@ -719,14 +949,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", action="store_true", help="only print the docs/benchmarks.md table of the results file")
     p.add_argument("--seed", type=int)
-    p.add_argument("--outage-s", type=float, default=360.0, help="the long outage (6 minutes: past the old 5-minute retry window)")
+    p.add_argument(
+        "--outage-s", type=float, default=360.0, help="the long outage (6 minutes: past the old 5-minute retry window)"
+    )
     p.add_argument("--budget", type=int, default=60)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--build-s", type=float, default=2.0)
     p.add_argument("--grace-s", type=float, default=8.0)
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--no-fault-free", dest="fault_free", action="store_false",
-                   help="skip the fault-free run of the same seed (the reference of the time to finish)")
+    p.add_argument(
+        "--no-fault-free",
+        dest="fault_free",
+        action="store_false",
+        help="skip the fault-free run of the same seed (the reference of the time to finish)",
+    )
     args = p.parse_args()
     if args.table:
         print(table(json.loads(args.out.read_text())))
@@ -746,9 +982,22 @@ def main() -> None:
     doc["seeds"].sort(key=lambda s: s["seed"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    keys = ("faults_injected", "trials_lost", "trials_left_running", "routes_built_twice", "concurrent_duplicate_builds",
-            "orphans_after_run", "children_alive_5s_after_worker_kill", "budget_exact", "cached_environment_errors",
-            "duplicate_measurement_rows", "reaped_while_stopped", "sigterm_answered_within_15s", "fault_kinds", "waste")
+    keys = (
+        "faults_injected",
+        "trials_lost",
+        "trials_left_running",
+        "routes_built_twice",
+        "concurrent_duplicate_builds",
+        "orphans_after_run",
+        "children_alive_5s_after_worker_kill",
+        "budget_exact",
+        "cached_environment_errors",
+        "duplicate_measurement_rows",
+        "reaped_while_stopped",
+        "sigterm_answered_within_15s",
+        "fault_kinds",
+        "waste",
+    )
     print(json.dumps({k: row[k] for k in keys}))
 
 

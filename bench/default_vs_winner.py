@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tuner.spec import load_spec, resolve_storage  # noqa: E402
-from tuner.worker.confirm import confirm  # noqa: E402
 from tuner.study.setup import Context  # noqa: E402
+from tuner.worker.confirm import confirm  # noqa: E402
 
 
 def main() -> None:
@@ -34,23 +34,39 @@ def main() -> None:
     args = p.parse_args()
     spec = load_spec(args.spec)
     ctx = Context(spec, resolve_storage(spec, args.storage))
-    run = [sys.executable, "-m", "tuner", "run", args.spec, "--no-confirm"] + (["--storage", ctx.url] if args.storage else [])
+    run = [sys.executable, "-m", "tuner", "run", args.spec, "--no-confirm"] + (
+        ["--storage", ctx.url] if args.storage else []
+    )
     subprocess.run(run, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     study = ctx.load()
     doc = confirm(ctx, study, rounds=args.rounds, top_k=1)
-    trials = [t for t in study.get_trials(deepcopy=False) if "overhead_s" in t.user_attrs and not t.user_attrs.get("cache_hit")]
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if "overhead_s" in t.user_attrs and not t.user_attrs.get("cache_hit")
+    ]
     overhead = [t.user_attrs["overhead_s"] for t in trials]
     wall = [t.user_attrs["trial_wall_s"] for t in trials]
     cand = doc["candidates"][0] if doc.get("candidates") else {}
     result = {
-        "benchmark": "default-vs-winner", "study": spec.study, "model": spec.model.path.name, "rounds": doc.get("rounds"),
-        "statistic": spec.objective.statistic, "default_ms": doc.get("default_median_ms"), "winner_ms": cand.get("median_ms"),
-        "winner_trial": cand.get("trial"), "winner_route": cand.get("route"), "speedup": doc.get("speedup"), "ci95": doc.get("ci"),
-        "verdict": doc.get("verdict"), "message": doc.get("message"),
+        "benchmark": "default-vs-winner",
+        "study": spec.study,
+        "model": spec.model.path.name,
+        "rounds": doc.get("rounds"),
+        "statistic": spec.objective.statistic,
+        "default_ms": doc.get("default_median_ms"),
+        "winner_ms": cand.get("median_ms"),
+        "winner_trial": cand.get("trial"),
+        "winner_route": cand.get("route"),
+        "speedup": doc.get("speedup"),
+        "ci95": doc.get("ci"),
+        "verdict": doc.get("verdict"),
+        "message": doc.get("message"),
         "overhead_s_per_trial_median": round(statistics.median(overhead), 3) if overhead else None,
         "trial_wall_s_median": round(statistics.median(wall), 3) if wall else None,
         "overhead_fraction": round(sum(overhead) / sum(wall), 3) if wall else None,
-        "trials_measured": len(trials), "load_average": os.getloadavg()[0],
+        "trials_measured": len(trials),
+        "load_average": os.getloadavg()[0],
     }
     out = REPO / "bench" / "results" / "default-vs-winner.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,16 +34,32 @@ def main() -> None:
     trials = ["--trials", str(args.trials)] if args.trials else []
     subprocess.run([sys.executable, "-m", "tuner", "run", args.spec, *storage, *trials], check=True, cwd=REPO, env=env)
     wall = time.time() - t0
-    best = subprocess.run([sys.executable, "-m", "tuner", "best", args.spec, *storage, "--json"], check=True, cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    best = subprocess.run(
+        [sys.executable, "-m", "tuner", "best", args.spec, *storage, "--json"],
+        check=True,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     doc = json.loads(best.stdout)
     result = {
-        "benchmark": "demo", "spec": Path(args.spec).name, "verdict": doc.get("verdict"), "headline": doc.get("headline"),
-        "speedup": doc.get("speedup"), "speedup_ci": doc.get("speedup_ci"), "trial": doc.get("trial"), "route": doc.get("route"),
-        "study_speedup": doc.get("study_speedup"), "wall_s": round(wall, 1),
-        "confirm_s": (doc.get("confirmation") or {}).get("seconds"), "confirm_rounds": (doc.get("confirmation") or {}).get("rounds"),
-        "contention": (doc.get("confirmation") or {}).get("contention"), "trials": args.trials,
-        "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "benchmark": "demo",
+        "spec": Path(args.spec).name,
+        "verdict": doc.get("verdict"),
+        "headline": doc.get("headline"),
+        "speedup": doc.get("speedup"),
+        "speedup_ci": doc.get("speedup_ci"),
+        "trial": doc.get("trial"),
+        "route": doc.get("route"),
+        "study_speedup": doc.get("study_speedup"),
+        "wall_s": round(wall, 1),
+        "confirm_s": (doc.get("confirmation") or {}).get("seconds"),
+        "confirm_rounds": (doc.get("confirmation") or {}).get("rounds"),
+        "contention": (doc.get("confirmation") or {}).get("contention"),
+        "trials": args.trials,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     result["confirm_share"] = round(result["confirm_s"] / result["wall_s"], 3) if result["confirm_s"] and wall else None

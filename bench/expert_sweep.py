@@ -43,9 +43,14 @@ from tuner.store.cache import ResultStore  # noqa: E402
 from tuner.study.setup import Context  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "expert-sweep.json"
-OLIVE = {"tool": "Microsoft Olive 0.13", "speedup": 1.80, "model": "efficientnet_lite0.onnx", "top1_unchanged": "16/16",
-         "source": "measured side by side on a 2-core AMD EPYC with AVX-512 VNNI (not this machine); "
-                   "35 steps (TPE over static-quantization knobs + session tuning) in 2 min 47 s; not re-run here"}
+OLIVE = {
+    "tool": "Microsoft Olive 0.13",
+    "speedup": 1.80,
+    "model": "efficientnet_lite0.onnx",
+    "top1_unchanged": "16/16",
+    "source": "measured side by side on a 2-core AMD EPYC with AVX-512 VNNI (not this machine); "
+    "35 steps (TPE over static-quantization knobs + session tuning) in 2 min 47 s; not re-run here",
+}
 
 
 def session(path: Path, level: str = "ORT_ENABLE_ALL", threads: int = 0) -> ort.InferenceSession:
@@ -57,9 +62,18 @@ def session(path: Path, level: str = "ORT_ENABLE_ALL", threads: int = 0) -> ort.
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def recipes(model: Path, feeds: list[dict[str, np.ndarray]], work: Path) -> dict[str, Callable[[], ort.InferenceSession]]:
+def recipes(
+    model: Path, feeds: list[dict[str, np.ndarray]], work: Path
+) -> dict[str, Callable[[], ort.InferenceSession]]:
     """The recipe list, each a function making its session (quantized files are written under `work`)."""
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -80,9 +94,19 @@ def recipes(model: Path, feeds: list[dict[str, np.ndarray]], work: Path) -> dict
     def static(name: str, act: QuantType, reduce_range: bool = False) -> Callable[[], ort.InferenceSession]:
         def make() -> ort.InferenceSession:
             out = work / f"{name}.onnx"
-            quantize_static(str(prepared()), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=reduce_range,
-                            activation_type=act, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+            quantize_static(
+                str(prepared()),
+                str(out),
+                Reader(),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                reduce_range=reduce_range,
+                activation_type=act,
+                weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax,
+            )
             return session(out)
+
         return make
 
     def dynamic() -> ort.InferenceSession:
@@ -148,8 +172,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--storage", default=None, help="default: a SQLite file beside the study's work dir")
-    p.add_argument("--table", action="store_true", help="only print the docs/benchmarks.md table of the recorded results")
-    p.add_argument("--no-run", action="store_true", help="read the study as it is (its verdict, confirmed or not); run no trial")
+    p.add_argument(
+        "--table", action="store_true", help="only print the docs/benchmarks.md table of the recorded results"
+    )
+    p.add_argument(
+        "--no-run", action="store_true", help="read the study as it is (its verdict, confirmed or not); run no trial"
+    )
     args = p.parse_args()
     if args.table:
         print(table(json.loads(OUT.read_text())))
@@ -185,7 +213,10 @@ def main() -> None:
             made[name]["feasible"] = worst(per) <= spec.accuracy.tolerance
         feed = feeds[0]
         order = ["default", *candidates]
-        runs = {"default": lambda: default.run(names, feed), **{n: (lambda i=i: i(feed)) for n, i in candidates.items()}}
+        runs = {
+            "default": lambda: default.run(names, feed),
+            **{n: (lambda i=i: i(feed)) for n, i in candidates.items()},
+        }
         lat: dict[str, list[float]] = {n: [] for n in order}
         rng = random.Random(0)
         for _ in range(args.rounds):
@@ -205,13 +236,28 @@ def main() -> None:
     feasible = [r for r in rows if r.get("feasible") and "speedup" in r and not r["recipe"].startswith("tuner")]
     best_recipe = max(feasible, key=lambda r: r["speedup"], default=None)
     result = {
-        "study": spec.study, "model": spec.model.path.name, "metric": spec.accuracy.metric, "tolerance": spec.accuracy.tolerance,
-        "rounds": args.rounds, "calls_per_block": args.calls, "onnxruntime": ort.__version__,
-        "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "cpu": _cpu(), "tuner": {"budget": args.budget, "trial": doc["trial"], "route": doc["route"], "verdict": doc.get("verdict"),
-                                 "confirmed_speedup": doc.get("speedup"), "confirmed_ci": doc.get("speedup_ci"), "headline": doc.get("headline"),
-                                 "study_wall_s": doc["study_wall_s"]},
-        "recipes": rows, "best_feasible_recipe": best_recipe["recipe"] if best_recipe else None,
+        "study": spec.study,
+        "model": spec.model.path.name,
+        "metric": spec.accuracy.metric,
+        "tolerance": spec.accuracy.tolerance,
+        "rounds": args.rounds,
+        "calls_per_block": args.calls,
+        "onnxruntime": ort.__version__,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "cpu": _cpu(),
+        "tuner": {
+            "budget": args.budget,
+            "trial": doc["trial"],
+            "route": doc["route"],
+            "verdict": doc.get("verdict"),
+            "confirmed_speedup": doc.get("speedup"),
+            "confirmed_ci": doc.get("speedup_ci"),
+            "headline": doc.get("headline"),
+            "study_wall_s": doc["study_wall_s"],
+        },
+        "recipes": rows,
+        "best_feasible_recipe": best_recipe["recipe"] if best_recipe else None,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if spec.model.path.name == OLIVE["model"]:
@@ -225,7 +271,10 @@ def main() -> None:
 
 def table(doc: dict[str, Any]) -> str:
     """The docs/benchmarks.md table: every study's recipes, speedup over the default with its interval, accuracy."""
-    lines = ["| model | recipe | median ms | speedup vs default (95% CI) | accuracy (metric ≤ tolerance) |", "|---|---|---|---|---|"]
+    lines = [
+        "| model | recipe | median ms | speedup vs default (95% CI) | accuracy (metric ≤ tolerance) |",
+        "|---|---|---|---|---|",
+    ]
     for r in doc["studies"].values():
         for row in r["recipes"]:
             if "error" in row:
@@ -233,14 +282,20 @@ def table(doc: dict[str, Any]) -> str:
                 continue
             sp = f"{row['speedup']:.2f}x ({row['ci95'][0]:.2f}–{row['ci95'][1]:.2f})" if "speedup" in row else "1.00x"
             ok = "reference" if row["recipe"] == "default" else "ok" if row.get("feasible") else "**breaks tolerance**"
-            lines.append(f"| {r['model']} | {row['recipe']} | {row['median_ms']:.2f} | {sp} | {row.get('accuracy', 0):.4g} ≤ {r['tolerance']:g}: {ok} |")
+            lines.append(
+                f"| {r['model']} | {row['recipe']} | {row['median_ms']:.2f} | {sp} | {row.get('accuracy', 0):.4g} ≤ {r['tolerance']:g}: {ok} |"
+            )
     return "\n".join(lines)
 
 
 def _cpu() -> dict[str, Any]:
     from tuner.backends.onnxruntime.quant_space import cpu_flags, recommendation
 
-    return {"cores": os.cpu_count(), "vnni": bool(cpu_flags() & {"avx512_vnni", "avx_vnni"}), "ort_recommendation": recommendation().reason}
+    return {
+        "cores": os.cpu_count(),
+        "vnni": bool(cpu_flags() & {"avx512_vnni", "avx_vnni"}),
+        "ort_recommendation": recommendation().reason,
+    }
 
 
 if __name__ == "__main__":

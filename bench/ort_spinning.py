@@ -62,8 +62,15 @@ def make_int8(dest: Path) -> Path:
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.feeds, None)
 
-    quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, per_channel=True)
+    quantize_static(
+        str(pre),
+        str(out),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+    )
     return out
 
 
@@ -81,6 +88,7 @@ def engine(path: str, config: dict[str, str]) -> Any:
         t0 = time.perf_counter()
         session.run(None, feed)
         return time.perf_counter() - t0
+
     for _ in range(30):
         once()
     return once
@@ -111,12 +119,24 @@ def child(mode: str, paths: list[str], config: dict[str, str], n: int) -> dict[s
         bm += [b1, b2]
         d.append((np.log(a1) + np.log(a2) - np.log(b1) - np.log(b2)) / 2)
     s = speedup_from_log_ratios(d, 0.95)
-    return {"speedup": s.estimate, "low": s.low, "high": s.high, "fp32_ms": statistics.median(am), "int8_ms": statistics.median(bm)}
+    return {
+        "speedup": s.estimate,
+        "low": s.low,
+        "high": s.high,
+        "fp32_ms": statistics.median(am),
+        "int8_ms": statistics.median(bm),
+    }
 
 
 def run_child(mode: str, paths: list[str], config: dict[str, str], n: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, "--child", mode, json.dumps({"paths": paths, "config": config, "n": n})],
-                         check=True, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, json.dumps({"paths": paths, "config": config, "n": n})],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -140,19 +160,41 @@ def main() -> None:
                 paired = run_child("paired", [fp32, int8], config, args.cycles)
                 solo_a = run_child("solo", [fp32], config, args.blocks)["median_ms"]
                 solo_b = run_child("solo", [int8], config, args.blocks)["median_ms"]
-                row = {"round": r + 1, "setting": name, "paired": paired, "solo": {"ratio": solo_a / solo_b, "fp32_ms": solo_a, "int8_ms": solo_b},
-                       "loadavg": [round(v, 2) for v in os.getloadavg()]}
+                row = {
+                    "round": r + 1,
+                    "setting": name,
+                    "paired": paired,
+                    "solo": {"ratio": solo_a / solo_b, "fp32_ms": solo_a, "int8_ms": solo_b},
+                    "loadavg": [round(v, 2) for v in os.getloadavg()],
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    summary = {name: {"paired_speedups": [round(r["paired"]["speedup"], 3) for r in rows if r["setting"] == name],
-                      "solo_ratios": [round(r["solo"]["ratio"], 3) for r in rows if r["setting"] == name],
-                      "paired_fp32_ms": [round(r["paired"]["fp32_ms"], 3) for r in rows if r["setting"] == name],
-                      "solo_fp32_ms": [round(r["solo"]["fp32_ms"], 3) for r in rows if r["setting"] == name]} for name in SETTINGS}
-    doc = {"benchmark": "bench/ort_spinning.py", "model": "models/efficientnet_lite0.onnx (fp32) vs its ORT static QDQ U8S8 int8",
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), "wall_s": round(time.time() - started, 1),
-           "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-                       "onnxruntime": __import__("onnxruntime").__version__},
-           "settings": SETTINGS, "cycles": args.cycles, "blocks": args.blocks, "summary": summary, "rounds": rows}
+    summary = {
+        name: {
+            "paired_speedups": [round(r["paired"]["speedup"], 3) for r in rows if r["setting"] == name],
+            "solo_ratios": [round(r["solo"]["ratio"], 3) for r in rows if r["setting"] == name],
+            "paired_fp32_ms": [round(r["paired"]["fp32_ms"], 3) for r in rows if r["setting"] == name],
+            "solo_fp32_ms": [round(r["solo"]["fp32_ms"], 3) for r in rows if r["setting"] == name],
+        }
+        for name in SETTINGS
+    }
+    doc = {
+        "benchmark": "bench/ort_spinning.py",
+        "model": "models/efficientnet_lite0.onnx (fp32) vs its ORT static QDQ U8S8 int8",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "wall_s": round(time.time() - started, 1),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            "onnxruntime": __import__("onnxruntime").__version__,
+        },
+        "settings": SETTINGS,
+        "cycles": args.cycles,
+        "blocks": args.blocks,
+        "summary": summary,
+        "rounds": rows,
+    }
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 

@@ -60,7 +60,9 @@ def _drop(admin: str, url: str) -> None:
     conn = psycopg2.connect(admin)
     conn.autocommit = True
     with conn.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')  # this process's Optuna engine may still hold a connection
+        cur.execute(
+            f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)'
+        )  # this process's Optuna engine may still hold a connection
     conn.close()
 
 
@@ -90,26 +92,46 @@ def _q(values: Sequence[float], q: float) -> float | None:
     return round(sorted(values)[int(q * (len(values) - 1))], 4) if values else None
 
 
-def run_once(workers: int, trials: int, build_s: float, admin: str, tmp: Path, rep: int, idle_build: bool = False,
-             fresh: bool = False) -> dict[str, Any]:
+def run_once(
+    workers: int,
+    trials: int,
+    build_s: float,
+    admin: str,
+    tmp: Path,
+    rep: int,
+    idle_build: bool = False,
+    fresh: bool = False,
+) -> dict[str, Any]:
     """One `tuner run` of a fresh fixed-cost study with `workers` workers, measured end to end."""
     url = _database(admin)
     name = f"scaling-{workers}-r{rep}"
     spec = tmp / f"{name}.toml"
-    spec.write_text(to_toml({
-        "study": {"name": name, "work_dir": str(tmp / f"work-{name}")},
-        "model": {"path": str(tmp / "tiny.onnx")},
-        "data": {"samples": 2, "gate_samples": 1},
-        "accuracy": {"metric": "max_abs", "tolerance": 1e-3},
-        # the tuner's own cost is measured, not the model: each paired timing is capped at 0.2 s
-        "objective": {"warmup_s": 0.0, "min_repeats": 3, "min_duration_s": 0.0, "timing_cap_s": 0.2},
-        "backend": {"name": "bench.fixed_cost:FixedCostBackend", "options": {"build_s": build_s, "idle_build": idle_build}},
-        "run": {"budget": trials, "workers": workers, "sampler": "random", "heartbeat_s": 1.0, "racing": False},
-    }))
+    spec.write_text(
+        to_toml(
+            {
+                "study": {"name": name, "work_dir": str(tmp / f"work-{name}")},
+                "model": {"path": str(tmp / "tiny.onnx")},
+                "data": {"samples": 2, "gate_samples": 1},
+                "accuracy": {"metric": "max_abs", "tolerance": 1e-3},
+                # the tuner's own cost is measured, not the model: each paired timing is capped at 0.2 s
+                "objective": {"warmup_s": 0.0, "min_repeats": 3, "min_duration_s": 0.0, "timing_cap_s": 0.2},
+                "backend": {
+                    "name": "bench.fixed_cost:FixedCostBackend",
+                    "options": {"build_s": build_s, "idle_build": idle_build},
+                },
+                "run": {"budget": trials, "workers": workers, "sampler": "random", "heartbeat_s": 1.0, "racing": False},
+            }
+        )
+    )
     load_before, cpu_before = os.getloadavg(), cpu_times()
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tuner", "run", str(spec), "--storage", url, "--no-confirm"], check=True, cwd=REPO,
-                   env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **({FORK_ENV: "0"} if fresh else {})}, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tuner", "run", str(spec), "--storage", url, "--no-confirm"],
+        check=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **({FORK_ENV: "0"} if fresh else {})},
+        capture_output=True,
+    )
     wall = time.perf_counter() - t0
     cpu_after, load_after = cpu_times(), os.getloadavg()
     ts = [t for t in optuna.load_study(study_name=name, storage=normalize_url(url)).trials if t.datetime_complete]
@@ -118,12 +140,22 @@ def run_once(workers: int, trials: int, build_s: float, admin: str, tmp: Path, r
     cycle = cycle_overheads(ts)
     span = (max(t.datetime_complete for t in ts) - min(t.datetime_start for t in ts)).total_seconds()
     busy = (cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1)
-    return {"workers": workers, "rep": rep, "trials": len(ts), "wall_s": round(wall, 3), "span_s": round(span, 3),
-            "trials_per_min_end_to_end": round(60 * len(ts) / wall, 2), "trials_per_min_window": round(60 * len(ts) / span, 2),
-            "overhead_incl_tell_s_median": _q(cycle, 0.5), "overhead_incl_tell_s_p90": _q(cycle, 0.9),
-            "overhead_s_median": _q(overhead, 0.5), "overhead_s_p90": _q(overhead, 0.9),
-            "loadavg_before": [round(v, 2) for v in load_before], "loadavg_after": [round(v, 2) for v in load_after],
-            "host_cpu_busy": round(busy, 3)}
+    return {
+        "workers": workers,
+        "rep": rep,
+        "trials": len(ts),
+        "wall_s": round(wall, 3),
+        "span_s": round(span, 3),
+        "trials_per_min_end_to_end": round(60 * len(ts) / wall, 2),
+        "trials_per_min_window": round(60 * len(ts) / span, 2),
+        "overhead_incl_tell_s_median": _q(cycle, 0.5),
+        "overhead_incl_tell_s_p90": _q(cycle, 0.9),
+        "overhead_s_median": _q(overhead, 0.5),
+        "overhead_s_p90": _q(overhead, 0.9),
+        "loadavg_before": [round(v, 2) for v in load_before],
+        "loadavg_after": [round(v, 2) for v in load_after],
+        "host_cpu_busy": round(busy, 3),
+    }
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -138,12 +170,40 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         def med(k: str, rs: list[dict[str, Any]] = mine) -> float | None:
             vals = [r[k] for r in rs if r[k] is not None]
             return round(statistics.median(vals), 4) if vals else None
-        rows.append({"workers": n, "reps": len(mine),
-                     "speedup_end_to_end": {"median": round(statistics.median(e2e), 3), "min": round(min(e2e), 3), "max": round(max(e2e), 3)} if e2e else None,
-                     "speedup_window": {"median": round(statistics.median(win), 3), "min": round(min(win), 3), "max": round(max(win), 3)} if win else None,
-                     "target_end_to_end": round(0.8 * n, 2) if n <= 4 else None,
-                     **{k: med(k) for k in ("wall_s", "trials_per_min_end_to_end", "trials_per_min_window", "overhead_incl_tell_s_median",
-                                            "overhead_incl_tell_s_p90", "overhead_s_median", "host_cpu_busy")}})
+
+        rows.append(
+            {
+                "workers": n,
+                "reps": len(mine),
+                "speedup_end_to_end": {
+                    "median": round(statistics.median(e2e), 3),
+                    "min": round(min(e2e), 3),
+                    "max": round(max(e2e), 3),
+                }
+                if e2e
+                else None,
+                "speedup_window": {
+                    "median": round(statistics.median(win), 3),
+                    "min": round(min(win), 3),
+                    "max": round(max(win), 3),
+                }
+                if win
+                else None,
+                "target_end_to_end": round(0.8 * n, 2) if n <= 4 else None,
+                **{
+                    k: med(k)
+                    for k in (
+                        "wall_s",
+                        "trials_per_min_end_to_end",
+                        "trials_per_min_window",
+                        "overhead_incl_tell_s_median",
+                        "overhead_incl_tell_s_p90",
+                        "overhead_s_median",
+                        "host_cpu_busy",
+                    )
+                },
+            }
+        )
     return rows
 
 
@@ -155,16 +215,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build-s", type=float, default=2.0)
     p.add_argument("--workers", default="1,2,4,8")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--idle-build", action="store_true",
-                   help="builds leave the host's cores free (CPU timings do not wait for them); default: they hold them like a compiler")
-    p.add_argument("--fresh-children", action="store_true",
-                   help="every trial child a fresh interpreter ($TUNER_FORK_SERVER=0), as before the pre-imported server")
+    p.add_argument(
+        "--idle-build",
+        action="store_true",
+        help="builds leave the host's cores free (CPU timings do not wait for them); default: they hold them like a compiler",
+    )
+    p.add_argument(
+        "--fresh-children",
+        action="store_true",
+        help="every trial child a fresh interpreter ($TUNER_FORK_SERVER=0), as before the pre-imported server",
+    )
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scaling.json")
     args = p.parse_args(argv)
     try:
         counts = [int(n) for n in args.workers.split(",")]
     except ValueError:
-        print(f"error: --workers {args.workers!r}: expected comma-separated worker counts, e.g. 1,2,4,8", file=sys.stderr)
+        print(
+            f"error: --workers {args.workers!r}: expected comma-separated worker counts, e.g. 1,2,4,8", file=sys.stderr
+        )
         return 2
     if counts[0] != 1:
         print("error: --workers must start with 1 (speedups are relative to one worker)", file=sys.stderr)
@@ -176,13 +244,29 @@ def main(argv: list[str] | None = None) -> int:
         conv_model(tmp / "tiny.onnx")
         for rep in range(args.reps):
             for n in counts:
-                runs.append(run_once(n, args.trials, args.build_s, args.pg, tmp, rep, args.idle_build, args.fresh_children))
+                runs.append(
+                    run_once(n, args.trials, args.build_s, args.pg, tmp, rep, args.idle_build, args.fresh_children)
+                )
                 r = runs[-1]
-                print(f"rep {rep + 1} workers {n}: {r['wall_s']} s end to end, overhead incl. tell {r['overhead_incl_tell_s_median']} s, "
-                      f"load {r['loadavg_before'][0]}->{r['loadavg_after'][0]}, host busy {r['host_cpu_busy']:.0%}", flush=True)
-    doc = {"benchmark": "scaling", "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-           "build_s": args.build_s, "idle_build": args.idle_build, "children": "fresh" if args.fresh_children else "forked", "trials_per_run": args.trials, "reps": args.reps, "cores": os.cpu_count(),
-           "method": __doc__.split("\n\n")[1].strip(), "rows": summarise(runs), "runs": runs}
+                print(
+                    f"rep {rep + 1} workers {n}: {r['wall_s']} s end to end, overhead incl. tell {r['overhead_incl_tell_s_median']} s, "
+                    f"load {r['loadavg_before'][0]}->{r['loadavg_after'][0]}, host busy {r['host_cpu_busy']:.0%}",
+                    flush=True,
+                )
+    doc = {
+        "benchmark": "scaling",
+        "started": started,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "build_s": args.build_s,
+        "idle_build": args.idle_build,
+        "children": "fresh" if args.fresh_children else "forked",
+        "trials_per_run": args.trials,
+        "reps": args.reps,
+        "cores": os.cpu_count(),
+        "method": __doc__.split("\n\n")[1].strip(),
+        "rows": summarise(runs),
+        "runs": runs,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_name(f".{args.out.name}.tmp")
     tmp_out.write_text(json.dumps(doc, indent=2) + "\n")
@@ -190,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'workers':>7} {'end-to-end x':>13} {'window x':>9} {'overhead incl. tell (median)':>29}")
     for r in doc["rows"]:
         e, w = r["speedup_end_to_end"], r["speedup_window"]
-        print(f"{r['workers']:>7} {e['median']:>8} [{e['min']}–{e['max']}] {w['median']:>6} {r['overhead_incl_tell_s_median']:>10} s")
+        print(
+            f"{r['workers']:>7} {e['median']:>8} [{e['min']}–{e['max']}] {w['median']:>6} {r['overhead_incl_tell_s_median']:>10} s"
+        )
     return 0
 
 

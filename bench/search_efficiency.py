@@ -62,21 +62,63 @@ class Scenario:
 
 UNPAIRED_DRIFT_SHARE = 0.1  # the share of an un-paired recording's between-round drift assumed to survive pairing
 SCENARIOS = (
-    Scenario("efficientnet", "bench/landscapes/efficientnet_lite0.json.gz", "efficientnet-lite0",
-             note="the study's tolerance: at most 2 of 16 crops change class"),
-    Scenario("efficientnet-strict", "bench/landscapes/efficientnet_lite0.json.gz", "efficientnet-lite0", 0.001, "cosine",
-             "logits within cosine distance 0.001"),
-    Scenario("minilm", "bench/landscapes/minilm_l6.json.gz", "minilm-l6", note="the study's tolerance: embedding cosine distance <= 0.02"),
-    Scenario("minilm-strict", "bench/landscapes/minilm_l6.json.gz", "minilm-l6", 0.001, note="embedding cosine distance <= 0.001"),
-    Scenario("inductor-h200", "bench/landscapes/efficientnet_lite0_inductor_h200.json.gz", "efficientnet-lite0-inductor", 0.125,
-             "top1_mismatch", "H200, PyTorch Inductor, 64 routes; the GPU study's tolerance: at most 2 of 16 photos change class",
-             held_out=True),
+    Scenario(
+        "efficientnet",
+        "bench/landscapes/efficientnet_lite0.json.gz",
+        "efficientnet-lite0",
+        note="the study's tolerance: at most 2 of 16 crops change class",
+    ),
+    Scenario(
+        "efficientnet-strict",
+        "bench/landscapes/efficientnet_lite0.json.gz",
+        "efficientnet-lite0",
+        0.001,
+        "cosine",
+        "logits within cosine distance 0.001",
+    ),
+    Scenario(
+        "minilm",
+        "bench/landscapes/minilm_l6.json.gz",
+        "minilm-l6",
+        note="the study's tolerance: embedding cosine distance <= 0.02",
+    ),
+    Scenario(
+        "minilm-strict",
+        "bench/landscapes/minilm_l6.json.gz",
+        "minilm-l6",
+        0.001,
+        note="embedding cosine distance <= 0.001",
+    ),
+    Scenario(
+        "inductor-h200",
+        "bench/landscapes/efficientnet_lite0_inductor_h200.json.gz",
+        "efficientnet-lite0-inductor",
+        0.125,
+        "top1_mismatch",
+        "H200, PyTorch Inductor, 64 routes; the GPU study's tolerance: at most 2 of 16 photos change class",
+        held_out=True,
+    ),
     Scenario("silero-vad", "bench/landscapes/silero_vad.json.gz", "silero-vad", note="the study's tolerance"),
-    Scenario("silero-vad-strict", "bench/landscapes/silero_vad.json.gz", "silero-vad", 0.0001, "max_abs",
-             "speech probability within 1e-4"),
-    Scenario("ppocr-rec", "bench/landscapes/ppocrv4_rec.json.gz", "ppocrv4-rec", note="the study's tolerance", held_out=True),
-    Scenario("ppocr-rec-strict", "bench/landscapes/ppocrv4_rec.json.gz", "ppocrv4-rec", 0.001, "cosine",
-             "logits within cosine distance 0.001", held_out=True),
+    Scenario(
+        "silero-vad-strict",
+        "bench/landscapes/silero_vad.json.gz",
+        "silero-vad",
+        0.0001,
+        "max_abs",
+        "speech probability within 1e-4",
+    ),
+    Scenario(
+        "ppocr-rec", "bench/landscapes/ppocrv4_rec.json.gz", "ppocrv4-rec", note="the study's tolerance", held_out=True
+    ),
+    Scenario(
+        "ppocr-rec-strict",
+        "bench/landscapes/ppocrv4_rec.json.gz",
+        "ppocrv4-rec",
+        0.001,
+        "cosine",
+        "logits within cosine distance 0.001",
+        held_out=True,
+    ),
 )
 
 
@@ -132,7 +174,10 @@ def run_all(scenarios: Sequence[Scenario], names: Sequence[str], seeds: int, bud
     missing = [(sc, n) for sc, by in runs.items() for n, rs in by.items() if len(rs) != seeds]
     if missing:
         print(f"warning: runs missing for {missing}", file=sys.stderr)
-    return {sc: {n: _summary(sorted(rs, key=lambda r: r["seed"]), budget) for n, rs in by.items() if rs} for sc, by in runs.items()}
+    return {
+        sc: {n: _summary(sorted(rs, key=lambda r: r["seed"]), budget) for n, rs in by.items() if rs}
+        for sc, by in runs.items()
+    }
 
 
 TRANSFER_SOURCE_BUILDS = 30  # each source study's budget in the transfer runs
@@ -143,7 +188,11 @@ def transfer_sources(target: Scenario, scenarios: Sequence[Scenario]) -> list[Sc
     kind = truth_for(target).landscape.meta["environment"].get("device", {})
     out: dict[str, Scenario] = {}
     for sc in scenarios:
-        if sc.model != target.model and sc.model not in out and truth_for(sc).landscape.meta["environment"].get("device", {}) == kind:
+        if (
+            sc.model != target.model
+            and sc.model not in out
+            and truth_for(sc).landscape.meta["environment"].get("device", {}) == kind
+        ):
             out[sc.model] = sc
     return list(out.values())
 
@@ -163,22 +212,44 @@ def transfer_run(task: tuple[Scenario, tuple[Scenario, ...], int, int]) -> tuple
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="search-transfer-") as tmp:
         for sc in sources:
-            src = Simulation(truth_for(sc), default_sampler(truth_for(sc).space, seed), Path(tmp) / sc.name, drift_share(sc), seed,
-                             storage=storage, name=f"{sc.name}-{seed}")
+            src = Simulation(
+                truth_for(sc),
+                default_sampler(truth_for(sc).space, seed),
+                Path(tmp) / sc.name,
+                drift_share(sc),
+                seed,
+                storage=storage,
+                name=f"{sc.name}-{seed}",
+            )
             src.run(TRANSFER_SOURCE_BUILDS, (), TRIAL_CAP * TRANSFER_SOURCE_BUILDS)
         truth = truth_for(target)
         for label, warm in (("warm", True), ("cold", False)):
-            sim = Simulation(truth, default_sampler(truth.space, seed), Path(tmp) / label, drift_share(target), seed,
-                             storage=storage, name=f"{target.name}-{label}-{seed}", warm_start=warm)
+            sim = Simulation(
+                truth,
+                default_sampler(truth.space, seed),
+                Path(tmp) / label,
+                drift_share(target),
+                seed,
+                storage=storage,
+                name=f"{target.name}-{label}-{seed}",
+                warm_start=warm,
+            )
             sim.run(budget, CHECKPOINTS, TRIAL_CAP * budget)
             out[label] = score(Run(sim.steps, sim.confirmed, sim.remeasures, sim.seconds), truth, budget)
-            out[label]["sources"] = [e["study"] for e in (sim.study.user_attrs.get("warm_start") or {}).get("sources", [])]
+            out[label]["sources"] = [
+                e["study"] for e in (sim.study.user_attrs.get("warm_start") or {}).get("sources", [])
+            ]
     return target.name, seed, out
 
 
 def run_transfer(scenarios: Sequence[Scenario], seeds: int, budget: int, jobs: int) -> dict[str, Any]:
     """The transfer rows: per target scenario with a source, builds to 2 % and within 2 % at 30 with and without a warm start."""
-    tasks = [(sc, tuple(src), seed, budget) for sc in scenarios if (src := transfer_sources(sc, scenarios)) for seed in range(seeds)]
+    tasks = [
+        (sc, tuple(src), seed, budget)
+        for sc in scenarios
+        if (src := transfer_sources(sc, scenarios))
+        for seed in range(seeds)
+    ]
     runs: dict[str, list[dict[str, Any]]] = {}
     t0 = time.monotonic()
     results = Pool(jobs).imap_unordered(transfer_run, tasks, chunksize=1) if jobs > 1 else map(transfer_run, tasks)
@@ -189,10 +260,13 @@ def run_transfer(scenarios: Sequence[Scenario], seeds: int, budget: int, jobs: i
     for name, rs in runs.items():
         row: dict[str, Any] = {"sources": rs[0]["warm"]["sources"], "seeds": len(rs)}
         for label in ("warm", "cold"):
-            row[label] = {"delivered_builds_to_2pct": summarise([r[label]["delivered_builds_to_2pct"] for r in rs]),
-                          "builds_to_2pct": summarise([r[label]["builds_to_2pct"] for r in rs]),
-                          f"delivered_within_2pct_at_{CHOICE_BUDGET}": share([r[label].get(f"delivered_within_2pct_at_{CHOICE_BUDGET}", False)
-                                                                              for r in rs])}
+            row[label] = {
+                "delivered_builds_to_2pct": summarise([r[label]["delivered_builds_to_2pct"] for r in rs]),
+                "builds_to_2pct": summarise([r[label]["builds_to_2pct"] for r in rs]),
+                f"delivered_within_2pct_at_{CHOICE_BUDGET}": share(
+                    [r[label].get(f"delivered_within_2pct_at_{CHOICE_BUDGET}", False) for r in rs]
+                ),
+            }
         w, c = row["warm"]["delivered_builds_to_2pct"]["median"], row["cold"]["delivered_builds_to_2pct"]["median"]
         row["fewer_builds"] = round(1 - w / c, 3) if w is not None and c else None
         out[name] = row
@@ -209,9 +283,13 @@ SHARES = tuple(f"delivered_within_2pct_at_{b}" for b in BUDGETS)
 
 
 def _summary(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    keys = ([f"delivered_builds_to_{round(lv * 100)}pct" for lv in LEVELS] + [f"delivered_regret_at_{b}" for b in BUDGETS if b <= budget]
-            + [f"builds_to_{round(lv * 100)}pct" for lv in LEVELS] + [f"regret_at_{b}" for b in BUDGETS if b <= budget]
-            + ["wasted_fraction", "pruned_fraction", "builds", "trials", "timing_s_per_timed_trial", "remeasures"])
+    keys = (
+        [f"delivered_builds_to_{round(lv * 100)}pct" for lv in LEVELS]
+        + [f"delivered_regret_at_{b}" for b in BUDGETS if b <= budget]
+        + [f"builds_to_{round(lv * 100)}pct" for lv in LEVELS]
+        + [f"regret_at_{b}" for b in BUDGETS if b <= budget]
+        + ["wasted_fraction", "pruned_fraction", "builds", "trials", "timing_s_per_timed_trial", "remeasures"]
+    )
     out: dict[str, Any] = {k: summarise([r.get(k) for r in runs]) for k in keys if any(k in r for r in runs)}
     out.update({k: share([r[k] for r in runs]) for k in SHARES if runs and k in runs[0]})
     for curve in ("curve", "delivered_curve"):
@@ -240,13 +318,20 @@ def measurement_facts(truth: Truth, share: float, top: int = 5, repeats: int = 2
         engine = sim.engine(base) if base is not None else None
         keys = [k for k in sorted(truth.truth, key=truth.truth.__getitem__) if k != sim.default][:top]
         routes = {p.key: p.route for p in truth.landscape.points}
-        rows = [[sim.child(routes[k], sim.backend, f"facts-{k}-{i}", baseline=engine).paired for i in range(repeats)] for k in keys]
+        rows = [
+            [sim.child(routes[k], sim.backend, f"facts-{k}-{i}", baseline=engine).paired for i in range(repeats)]
+            for k in keys
+        ]
     paired = [[p for p in row if p.get("paired")] for row in rows]
     stops = [p.get("stop", "") for row in paired for p in row]
-    return {"routes": len(keys), "repeats": repeats, "drift_share": share,
-            "ratio_sd": [round(float(np.std([math.log(p["speedup"]) for p in row])), 4) if row else None for row in paired],
-            "mean_half_width": round(float(np.mean([p["halfwidth"] for row in paired for p in row])), 4) if stops else None,
-            "stopped": {why: stops.count(why) for why in ("precision", "cap", "slow")}}
+    return {
+        "routes": len(keys),
+        "repeats": repeats,
+        "drift_share": share,
+        "ratio_sd": [round(float(np.std([math.log(p["speedup"]) for p in row])), 4) if row else None for row in paired],
+        "mean_half_width": round(float(np.mean([p["halfwidth"] for row in paired for p in row])), 4) if stops else None,
+        "stopped": {why: stops.count(why) for why in ("precision", "cap", "slow")},
+    }
 
 
 # -- choosing the default ---------------------------------------------------------------------------
@@ -266,18 +351,35 @@ def choose_default(doc: dict[str, Any], current: str | None = None) -> dict[str,
     tuning = [n for n, sc in doc["scenarios"].items() if not sc["held_out"]]
     key = f"delivered_within_2pct_at_{CHOICE_BUDGET}"
     table = {}
-    for strat in (s for s in doc["strategies"] if STRATEGIES[s].candidate and all(s in doc["results"][sc] for sc in tuning)):
+    for strat in (
+        s for s in doc["strategies"] if STRATEGIES[s].candidate and all(s in doc["results"][sc] for sc in tuning)
+    ):
         shares = [doc["results"][sc][strat][key]["share"] for sc in tuning]
-        table[strat] = {"min_share": min(shares), "mean_share": round(sum(shares) / len(shares), 5), "shares": dict(zip(tuning, shares))}
+        table[strat] = {
+            "min_share": min(shares),
+            "mean_share": round(sum(shares) / len(shares), 5),
+            "shares": dict(zip(tuning, shares)),
+        }
     best = max(table, key=lambda n: (table[n]["min_share"], table[n]["mean_share"], n == current))
     b, c = table[best], table[current]
     better = b["min_share"] >= c["min_share"] + CHOICE_MARGIN or (
-        b["min_share"] > c["min_share"] - CHOICE_MARGIN and b["mean_share"] >= c["mean_share"] + CHOICE_MARGIN)
+        b["min_share"] > c["min_share"] - CHOICE_MARGIN and b["mean_share"] >= c["mean_share"] + CHOICE_MARGIN
+    )
     chosen = best if better else current
     held = [n for n, sc in doc["scenarios"].items() if sc["held_out"]]
-    return {"rule": choose_default.__doc__.split("\n\n")[1].replace("\n    ", " ").strip(), "budget": CHOICE_BUDGET, "margin": CHOICE_MARGIN,
-            "tuning_scenarios": tuning, "held_out": held, "candidates": table, "chosen": chosen, "previous": current,
-            "held_out_result": {sc: {k: doc["results"][sc][chosen][k] for k in SHARES if k in doc["results"][sc][chosen]} for sc in held}}
+    return {
+        "rule": choose_default.__doc__.split("\n\n")[1].replace("\n    ", " ").strip(),
+        "budget": CHOICE_BUDGET,
+        "margin": CHOICE_MARGIN,
+        "tuning_scenarios": tuning,
+        "held_out": held,
+        "candidates": table,
+        "chosen": chosen,
+        "previous": current,
+        "held_out_result": {
+            sc: {k: doc["results"][sc][chosen][k] for k in SHARES if k in doc["results"][sc][chosen]} for sc in held
+        },
+    }
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -291,15 +393,26 @@ def _cell(s: dict[str, Any], fmt: str, budget: int) -> str:
         if v is None:
             return f">{budget}" if fmt == "builds" else "∞"
         return f"{100 * v:.1f}%" if fmt == "pct" else f"{v:.0f}" if fmt in ("builds", "count") else f"{v:.2f}"
+
     return f"{f(s['median'])} [{f(s['q25'])}–{f(s['q75'])}]"
 
 
 def _table(doc: dict[str, Any], metric: str, title: str, fmt: str, names: Sequence[str]) -> list[str]:
     budget = doc["settings"]["budget"]
-    lines = ["", f"**{title}**", "", "| Strategy | " + " | ".join(_col(doc, n) for n in names) + " |", "|---|" + "---|" * len(names)]
+    lines = [
+        "",
+        f"**{title}**",
+        "",
+        "| Strategy | " + " | ".join(_col(doc, n) for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for strat in doc["strategies"]:
         if all(metric in doc["results"][sc].get(strat, {}) for sc in names):
-            lines.append(f"| `{strat}` | " + " | ".join(_cell(doc["results"][sc][strat][metric], fmt, budget) for sc in names) + " |")
+            lines.append(
+                f"| `{strat}` | "
+                + " | ".join(_cell(doc["results"][sc][strat][metric], fmt, budget) for sc in names)
+                + " |"
+            )
     return lines
 
 
@@ -312,63 +425,124 @@ def markdown(doc: dict[str, Any]) -> str:
     budget = doc["settings"]["budget"]
     budgets = [b for b in doc["settings"]["budgets"] if b <= budget]
     names = list(doc["scenarios"])
-    lines = [f"Generated by `python bench/search_efficiency.py` on {doc['generated']}: {doc['settings']['seeds']} seeds per cell, "
-             f"budget {budget} builds; shares are of seeds, other cells median [25th–75th percentile] over seeds. "
-             f"`>{budget}`: not reached within the budget; ∞: nothing feasible delivered. Every study strategy runs the tuner's "
-             f"study, measurement, racing and confirmation through the simulation runner; un-paired recordings are replayed with "
-             f"drift share {doc['settings']['unpaired_drift_share']:g}." + (f" {doc['note']}" if doc.get("note") else ""), ""]
-    lines += ["| Scenario | tolerance | routes | failing | feasible | within 2 % | within 5 % | default | true best | fastest (any accuracy) | round-to-round spread |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Generated by `python bench/search_efficiency.py` on {doc['generated']}: {doc['settings']['seeds']} seeds per cell, "
+        f"budget {budget} builds; shares are of seeds, other cells median [25th–75th percentile] over seeds. "
+        f"`>{budget}`: not reached within the budget; ∞: nothing feasible delivered. Every study strategy runs the tuner's "
+        f"study, measurement, racing and confirmation through the simulation runner; un-paired recordings are replayed with "
+        f"drift share {doc['settings']['unpaired_drift_share']:g}." + (f" {doc['note']}" if doc.get("note") else ""),
+        "",
+    ]
+    lines += [
+        "| Scenario | tolerance | routes | failing | feasible | within 2 % | within 5 % | default | true best | fastest (any accuracy) | round-to-round spread |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, sc in doc["scenarios"].items():
         d = sc["facts"]
-        lines.append(f"| {_col(doc, name)} | {sc['metric']} ≤ {sc['tolerance']:g} | {d['routes']} | {d['failing']} | {d['feasible']} | {d['within_2pct']} | {d['within_5pct']} | "
-                     f"{_ms(d['default_ms'])} | {_ms(d['best_ms'])} | {_ms(d['fastest_any_ms'])} | {d['round_spread']:.2f}× |")
+        lines.append(
+            f"| {_col(doc, name)} | {sc['metric']} ≤ {sc['tolerance']:g} | {d['routes']} | {d['failing']} | {d['feasible']} | {d['within_2pct']} | {d['within_5pct']} | "
+            f"{_ms(d['default_ms'])} | {_ms(d['best_ms'])} | {_ms(d['fastest_any_ms'])} | {d['round_spread']:.2f}× |"
+        )
     if all("paired_measurement" in sc for sc in doc["scenarios"].values()):
-        lines += ["", "**The paired measurement on each replay** (the 5 truly fastest feasible routes against the default, "
-                  "20 measurements each by the simulated child): spread of the measured log speedup between measurements, "
-                  "mean half-width of its interval, and what stopped the measurements.", "",
-                  "| Scenario | drift share | spread | mean half-width | stopped at the cap |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "**The paired measurement on each replay** (the 5 truly fastest feasible routes against the default, "
+            "20 measurements each by the simulated child): spread of the measured log speedup between measurements, "
+            "mean half-width of its interval, and what stopped the measurements.",
+            "",
+            "| Scenario | drift share | spread | mean half-width | stopped at the cap |",
+            "|---|---|---|---|---|",
+        ]
         for name, sc in doc["scenarios"].items():
             f = sc["paired_measurement"]
             n = max(1, sum(f["stopped"].values()))
             sds = [v for v in f["ratio_sd"] if v is not None]
-            lines.append(f"| {_col(doc, name)} | {f['drift_share']:g} | {100 * min(sds):.1f}–{100 * max(sds):.1f} % | "
-                         f"±{100 * (f['mean_half_width'] or 0):.1f} % | {100 * f['stopped']['cap'] / n:.0f} % |")
+            lines.append(
+                f"| {_col(doc, name)} | {f['drift_share']:g} | {100 * min(sds):.1f}–{100 * max(sds):.1f} % | "
+                f"±{100 * (f['mean_half_width'] or 0):.1f} % | {100 * f['stopped']['cap'] / n:.0f} % |"
+            )
     if "choice" in doc:
         c = doc["choice"]
-        lines += ["", f"**Choosing the default sampler** (tuning scenarios: {', '.join(c['tuning_scenarios'])}; held out: {', '.join(c['held_out'])}). "
-                  f"Rule: {c['rule']} Chosen: `{c['chosen']}` (previous default `{c['previous']}`).", "",
-                  "| Candidate | " + " | ".join(f"{sc}: within 2 % at {c['budget']}" for sc in c["tuning_scenarios"]) + " | lowest | mean |",
-                  "|---|" + "---|" * (len(c["tuning_scenarios"]) + 2)]
+        lines += [
+            "",
+            f"**Choosing the default sampler** (tuning scenarios: {', '.join(c['tuning_scenarios'])}; held out: {', '.join(c['held_out'])}). "
+            f"Rule: {c['rule']} Chosen: `{c['chosen']}` (previous default `{c['previous']}`).",
+            "",
+            "| Candidate | "
+            + " | ".join(f"{sc}: within 2 % at {c['budget']}" for sc in c["tuning_scenarios"])
+            + " | lowest | mean |",
+            "|---|" + "---|" * (len(c["tuning_scenarios"]) + 2),
+        ]
         for strat, t in c["candidates"].items():
-            lines.append(f"| `{strat}` | " + " | ".join(f"{100 * t['shares'][sc]:.0f}%" for sc in c["tuning_scenarios"])
-                         + f" | {100 * t['min_share']:.0f}% | {100 * t['mean_share']:.0f}% |")
+            lines.append(
+                f"| `{strat}` | "
+                + " | ".join(f"{100 * t['shares'][sc]:.0f}%" for sc in c["tuning_scenarios"])
+                + f" | {100 * t['min_share']:.0f}% | {100 * t['mean_share']:.0f}% |"
+            )
     if doc.get("transfer"):
-        lines += ["", f"**Transfer, leave one model out** (the default sampler; sources: the other models' studies of "
-                  f"{TRANSFER_SOURCE_BUILDS} builds in the same storage, never the same model): builds until the delivered route "
-                  "stays within 2 % (median [IQR]) and the share of seeds within 2 % at 30 builds, with the warm start and without.", "",
-                  "| Scenario | sources | builds to 2 %, warm | builds to 2 %, cold | fewer builds | within 2 % at 30, warm | cold |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"**Transfer, leave one model out** (the default sampler; sources: the other models' studies of "
+            f"{TRANSFER_SOURCE_BUILDS} builds in the same storage, never the same model): builds until the delivered route "
+            "stays within 2 % (median [IQR]) and the share of seeds within 2 % at 30 builds, with the warm start and without.",
+            "",
+            "| Scenario | sources | builds to 2 %, warm | builds to 2 %, cold | fewer builds | within 2 % at 30, warm | cold |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, row in doc["transfer"].items():
             w, c = row["warm"], row["cold"]
             fewer = "-" if row["fewer_builds"] is None else f"{100 * row['fewer_builds']:.0f} %"
-            lines.append(f"| {_col(doc, name)} | {', '.join(row['sources'])} | {_cell(w['delivered_builds_to_2pct'], 'builds', budget)} | "
-                         f"{_cell(c['delivered_builds_to_2pct'], 'builds', budget)} | {fewer} | "
-                         f"{_cell(w['delivered_within_2pct_at_30'], 'share', budget)} | {_cell(c['delivered_within_2pct_at_30'], 'share', budget)} |")
+            lines.append(
+                f"| {_col(doc, name)} | {', '.join(row['sources'])} | {_cell(w['delivered_builds_to_2pct'], 'builds', budget)} | "
+                f"{_cell(c['delivered_builds_to_2pct'], 'builds', budget)} | {fewer} | "
+                f"{_cell(w['delivered_within_2pct_at_30'], 'share', budget)} | {_cell(c['delivered_within_2pct_at_30'], 'share', budget)} |"
+            )
     for b in budgets:
-        lines += _table(doc, f"delivered_within_2pct_at_{b}", f"Delivered within 2 % of the true best after {b} builds (share of seeds)", "share", names)
-    lines += _table(doc, "delivered_builds_to_2pct", "Builds until the delivered route is within 2 % of the true best and stays there", "builds", names)
+        lines += _table(
+            doc,
+            f"delivered_within_2pct_at_{b}",
+            f"Delivered within 2 % of the true best after {b} builds (share of seeds)",
+            "share",
+            names,
+        )
+    lines += _table(
+        doc,
+        "delivered_builds_to_2pct",
+        "Builds until the delivered route is within 2 % of the true best and stays there",
+        "builds",
+        names,
+    )
     for b in budgets:
-        lines += _table(doc, f"delivered_regret_at_{b}", f"Delivered regret after {b} builds (true latency of the delivered route / true best − 1)", "pct", names)
-    lines += _table(doc, "builds_to_2pct", "Secondary — builds until a route within 2 % of the true best was *built* (whether or not it is delivered)", "builds", names)
+        lines += _table(
+            doc,
+            f"delivered_regret_at_{b}",
+            f"Delivered regret after {b} builds (true latency of the delivered route / true best − 1)",
+            "pct",
+            names,
+        )
+    lines += _table(
+        doc,
+        "builds_to_2pct",
+        "Secondary — builds until a route within 2 % of the true best was *built* (whether or not it is delivered)",
+        "builds",
+        names,
+    )
     for b in budgets:
-        lines += _table(doc, f"regret_at_{b}", f"Secondary — regret of the best route *built* after {b} builds", "pct", names)
-    for metric, title, fmt in (("wasted_fraction", "Share of builds spent on infeasible or failing routes", "pct"),
-                               ("pruned_fraction", "Share of builds whose timing stopped early as clearly slower (ours)", "pct"),
-                               ("timing_s_per_timed_trial", "Paired timing per timed trial, racing included (seconds of timed calls, ours)", "secs"),
-                               ("remeasures", "Racing re-measurements per run (ours)", "count"),
-                               ("builds", "Builds made (a strategy may stop early or run out of trials)", "count"),
-                               ("trials", f"Trials used (cache hits included; runs stop at {doc['settings']['trial_cap']} trials)", "count")):
+        lines += _table(
+            doc, f"regret_at_{b}", f"Secondary — regret of the best route *built* after {b} builds", "pct", names
+        )
+    for metric, title, fmt in (
+        ("wasted_fraction", "Share of builds spent on infeasible or failing routes", "pct"),
+        ("pruned_fraction", "Share of builds whose timing stopped early as clearly slower (ours)", "pct"),
+        (
+            "timing_s_per_timed_trial",
+            "Paired timing per timed trial, racing included (seconds of timed calls, ours)",
+            "secs",
+        ),
+        ("remeasures", "Racing re-measurements per run (ours)", "count"),
+        ("builds", "Builds made (a strategy may stop early or run out of trials)", "count"),
+        ("trials", f"Trials used (cache hits included; runs stop at {doc['settings']['trial_cap']} trials)", "count"),
+    ):
         lines += _table(doc, metric, title, fmt, names)
     return "\n".join(lines)
 
@@ -398,9 +572,15 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     cols = min(2, len(names))
     rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
-    styles = {"local": dict(color="black", lw=2.5), "tpe": dict(color="tab:blue", lw=1.5), "smac": dict(color="tab:green", lw=1.5),
-              "random": dict(color="tab:gray", ls="--", lw=2), "gpt-fast": dict(color="tab:red", lw=2),
-              "gpt-mixed": dict(color="tab:orange", lw=2), "olive": dict(color="tab:purple", lw=2)}
+    styles = {
+        "local": dict(color="black", lw=2.5),
+        "tpe": dict(color="tab:blue", lw=1.5),
+        "smac": dict(color="tab:green", lw=1.5),
+        "random": dict(color="tab:gray", ls="--", lw=2),
+        "gpt-fast": dict(color="tab:red", lw=2),
+        "gpt-mixed": dict(color="tab:orange", lw=2),
+        "olive": dict(color="tab:purple", lw=2),
+    }
     for ax, name in zip(axes.flat, names):
         for strat in (s for s in doc["strategies"] if s in styles and s in doc["results"][name]):
             curve = doc["results"][name][strat]["median_delivered_curve"]
@@ -411,10 +591,12 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.set_ylim(0.99, 3.0)
         ax.set_yticks([1, 1.1, 1.2, 1.5, 2, 3], ["1", "1.1", "1.2", "1.5", "2", "3"])
         ax.minorticks_off()
-        ax.set_title(f"{_col(doc, name)} ({doc['scenarios'][name]['metric']} ≤ {doc['scenarios'][name]['tolerance']:g})")
+        ax.set_title(
+            f"{_col(doc, name)} ({doc['scenarios'][name]['metric']} ≤ {doc['scenarios'][name]['tolerance']:g})"
+        )
         ax.set_xlabel("builds")
         ax.set_ylabel("delivered / true best (median)")
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -429,14 +611,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=100)
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--strategies", nargs="*", default=list(DEFAULT_SET), choices=list(STRATEGIES))
-    p.add_argument("--scenarios", nargs="*", default=[s.name for s in SCENARIOS], choices=[s.name for s in SCENARIOS],
-                   help="scenarios to run (those whose landscape file is missing are skipped)")
+    p.add_argument(
+        "--scenarios",
+        nargs="*",
+        default=[s.name for s in SCENARIOS],
+        choices=[s.name for s in SCENARIOS],
+        help="scenarios to run (those whose landscape file is missing are skipped)",
+    )
     p.add_argument("--json", type=Path, default=REPO / "bench/results/search-efficiency.json")
     p.add_argument("--markdown", type=Path, default=REPO / "docs/search-efficiency.md")
     p.add_argument("--png", type=Path, default=REPO / "docs/img/search-efficiency.png")
     p.add_argument("--report-only", action="store_true", help="re-render the markdown and PNG from the JSON")
-    p.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True, help="the leave-one-model-out transfer rows")
-    p.add_argument("--no-docs", action="store_true", help="write only the JSON (e.g. a longer budget for a few strategies)")
+    p.add_argument(
+        "--transfer", action=argparse.BooleanOptionalAction, default=True, help="the leave-one-model-out transfer rows"
+    )
+    p.add_argument(
+        "--no-docs", action="store_true", help="write only the JSON (e.g. a longer budget for a few strategies)"
+    )
     args = p.parse_args(argv)
     if args.report_only:
         try:
@@ -452,10 +643,21 @@ def main(argv: list[str] | None = None) -> int:
 
     doc: dict[str, Any] = {
         "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "settings": {"seeds": args.seeds, "budget": args.budget, "trial_cap": TRIAL_CAP * args.budget, "levels": list(LEVELS), "budgets": list(BUDGETS),
-                     "unpaired_drift_share": UNPAIRED_DRIFT_SHARE},
-        "environment": {"python": platform.python_version(), "optuna": optuna.__version__, "machine": platform.machine(),
-                        "cores": os.cpu_count(), "loadavg_start": list(os.getloadavg())},
+        "settings": {
+            "seeds": args.seeds,
+            "budget": args.budget,
+            "trial_cap": TRIAL_CAP * args.budget,
+            "levels": list(LEVELS),
+            "budgets": list(BUDGETS),
+            "unpaired_drift_share": UNPAIRED_DRIFT_SHARE,
+        },
+        "environment": {
+            "python": platform.python_version(),
+            "optuna": optuna.__version__,
+            "machine": platform.machine(),
+            "cores": os.cpu_count(),
+            "loadavg_start": list(os.getloadavg()),
+        },
         "strategies": {n: STRATEGIES[n].label for n in args.strategies},
         "scenarios": {},
     }
@@ -463,16 +665,31 @@ def main(argv: list[str] | None = None) -> int:
         t = truth_for(sc)
         meta = t.landscape.meta
         doc["scenarios"][sc.name] = {
-            "landscape": sc.landscape, "model": sc.model, "note": sc.note, "metric": t.metric, "tolerance": t.tolerance, "facts": t.describe(),
-            "held_out": sc.held_out, "drift_share": drift_share(sc),
-            "recorded": {"backend": meta["backend"], "environment": meta["environment"], "enumeration": meta["enumeration"]},
+            "landscape": sc.landscape,
+            "model": sc.model,
+            "note": sc.note,
+            "metric": t.metric,
+            "tolerance": t.tolerance,
+            "facts": t.describe(),
+            "held_out": sc.held_out,
+            "drift_share": drift_share(sc),
+            "recorded": {
+                "backend": meta["backend"],
+                "environment": meta["environment"],
+                "enumeration": meta["enumeration"],
+            },
             "paired_measurement": measurement_facts(t, drift_share(sc)),
         }
     doc["results"] = run_all(scenarios, args.strategies, args.seeds, args.budget, args.jobs)
     if args.transfer:
         doc["transfer"] = run_transfer(scenarios, args.seeds, args.budget, args.jobs)
     doc["environment"]["loadavg_end"] = list(os.getloadavg())
-    if RunSpec(budget=1).sampler in args.strategies and args.budget >= CHOICE_BUDGET and any(sc.held_out for sc in scenarios) and any(not sc.held_out for sc in scenarios):
+    if (
+        RunSpec(budget=1).sampler in args.strategies
+        and args.budget >= CHOICE_BUDGET
+        and any(sc.held_out for sc in scenarios)
+        and any(not sc.held_out for sc in scenarios)
+    ):
         doc["choice"] = choose_default(doc)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1, default=str))

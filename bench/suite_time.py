@@ -55,22 +55,43 @@ print(time.perf_counter() - t0, "torch" in sys.modules)
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "loadavg": list(os.getloadavg())}
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg": list(os.getloadavg()),
+    }
 
 
 def commit() -> str:
     """The checked-out commit, marked `+dirty` when the tree has changes."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     return head + ("+dirty" if dirty else "")
 
 
 def _unpacked_ml_dtypes(version: str, into: Path) -> Path:
     """ml_dtypes `version`'s wheel for this interpreter, unpacked under `into`."""
     wheels = into / "wheels" / version
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(wheels),
-                    f"ml_dtypes=={version}"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(wheels),
+            f"ml_dtypes=={version}",
+        ],
+        check=True,
+    )
     target = into / f"ml_dtypes-{version}"
     with zipfile.ZipFile(next(wheels.glob("*.whl"))) as whl:
         whl.extractall(target)
@@ -79,8 +100,13 @@ def _unpacked_ml_dtypes(version: str, into: Path) -> Path:
 
 def _onnx_import_s(path_first: Path) -> float:
     """Seconds `import onnx` takes in a fresh process with `path_first` ahead on the path (-X importtime)."""
-    run = subprocess.run([sys.executable, "-X", "importtime", "-c", "import onnx"], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(path_first)})
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import onnx"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(path_first)},
+    )
     last = [line for line in run.stderr.splitlines() if line.rstrip().endswith("| onnx")][-1]
     return int(last.split("|")[1]) / 1e6
 
@@ -88,8 +114,14 @@ def _onnx_import_s(path_first: Path) -> float:
 def _prepare_s(model: Path, into: Path, mode: str) -> float:
     """Seconds the int8 preparation of `model` takes in a fresh process (`mode`: torch-kept-out or torch-imported)."""
     into.mkdir(parents=True)
-    run = subprocess.run([sys.executable, "-c", PREPARE, str(model), str(into), mode], capture_output=True, text=True, check=True,
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    run = subprocess.run(
+        [sys.executable, "-c", PREPARE, str(model), str(into), mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     seconds, torch_loaded = run.stdout.split()
     assert torch_loaded == str(mode == "torch-imported"), run.stdout  # the variant ran as named
     return float(seconds)
@@ -109,8 +141,13 @@ def startup(repeats: int) -> dict[str, Any]:
             for version, path in unpacked.items():
                 samples.setdefault(f"import onnx, ml_dtypes {version}", []).append(_onnx_import_s(path))
             for mode in ("torch-kept-out", "torch-imported"):
-                samples.setdefault(f"int8 preparation, {mode}", []).append(_prepare_s(model, root / f"prep-{mode}-{i}", mode))
-    return {name: {"median_s": round(statistics.median(v), 3), "samples_s": [round(x, 3) for x in v]} for name, v in samples.items()}
+                samples.setdefault(f"int8 preparation, {mode}", []).append(
+                    _prepare_s(model, root / f"prep-{mode}-{i}", mode)
+                )
+    return {
+        name: {"median_s": round(statistics.median(v), 3), "samples_s": [round(x, 3) for x in v]}
+        for name, v in samples.items()
+    }
 
 
 MAKE_TEST_WORKERS = 3  # the pytest-xdist workers of `make test` (Makefile)
@@ -118,7 +155,9 @@ MAKE_TEST_WORKERS = 3  # the pytest-xdist workers of `make test` (Makefile)
 
 def pytest_command(workers: int) -> list[str]:
     """The documented test command with `workers` pytest-xdist workers (0: one process)."""
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + (["-n", str(workers), "--dist", "loadgroup"] if workers else [])
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + (
+        ["-n", str(workers), "--dist", "loadgroup"] if workers else []
+    )
 
 
 def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_name: str = "") -> dict[str, Any]:
@@ -132,18 +171,25 @@ def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_na
     end = resource.getrusage(resource.RUSAGE_CHILDREN)
     LOG.with_name(f"{LOG.name}-{log_name or workers}").write_text(run.stdout + run.stderr)
     summary = [line for line in run.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
-    return {"command": " ".join(["python"] + cmd[1:] + ([f"<{len(tests)} node ids>"] if tests else [])), "workers": workers,
-            "exit": run.returncode, "wall_s": round(wall, 1),
-            "cpu_s": round((end.ru_utime - start.ru_utime) + (end.ru_stime - start.ru_stime), 1),
-            "summary": summary[-1].strip("= ") if summary else run.stdout[-500:],
-            "failed": [line.split()[1] for line in run.stdout.splitlines() if line.startswith("FAILED ")],
-            "before": before, "after": machine(),
-            "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    return {
+        "command": " ".join(["python"] + cmd[1:] + ([f"<{len(tests)} node ids>"] if tests else [])),
+        "workers": workers,
+        "exit": run.returncode,
+        "wall_s": round(wall, 1),
+        "cpu_s": round((end.ru_utime - start.ru_utime) + (end.ru_stime - start.ru_stime), 1),
+        "summary": summary[-1].strip("= ") if summary else run.stdout[-500:],
+        "failed": [line.split()[1] for line in run.stdout.splitlines() if line.startswith("FAILED ")],
+        "before": before,
+        "after": machine(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
 
 
 def collected(cwd: Path) -> list[str]:
     """The node ids pytest collects in `cwd`."""
-    out = subprocess.run(pytest_command(0) + ["--collect-only"], cwd=cwd, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        pytest_command(0) + ["--collect-only"], cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout
     return [line.strip() for line in out.splitlines() if "::" in line]
 
 
@@ -176,11 +222,21 @@ def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> di
                 for label, n, tests, cwd in order if i % 2 == 0 else order[::-1]:
                     row = {"label": label, "round": i, **suite(n, tests, cwd, f"{label}-{i}")}
                     runs.append(row)
-                    print(f"{label} (round {i}): {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}", flush=True)
+                    print(
+                        f"{label} (round {i}): {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}",
+                        flush=True,
+                    )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=True)
-    return {"then_commit": old, "now_commit": now, "deselected": deselect, "then_functions": len(then_names),
-            "now_functions_of_then": len({function_name(n) for n in common}), "now_tests_of_then": len(common), "runs": runs}
+    return {
+        "then_commit": old,
+        "now_commit": now,
+        "deselected": deselect,
+        "then_functions": len(then_names),
+        "now_functions_of_then": len({function_name(n) for n in common}),
+        "now_tests_of_then": len(common),
+        "runs": runs,
+    }
 
 
 def main() -> None:
@@ -188,25 +244,42 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[3, 0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-startup", action="store_true")
-    parser.add_argument("--against", metavar="COMMIT", help="also time COMMIT's suite against today's on the same tests")
+    parser.add_argument(
+        "--against", metavar="COMMIT", help="also time COMMIT's suite against today's on the same tests"
+    )
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--deselect", nargs="*", default=[], metavar="TEST_FUNCTION", help="with --against: left out on both sides")
+    parser.add_argument(
+        "--deselect", nargs="*", default=[], metavar="TEST_FUNCTION", help="with --against: left out on both sides"
+    )
     args = parser.parse_args()
     doc = json.loads(OUT.read_text()) if OUT.exists() else {"runs": {}}
     key = commit()
     if args.against:
         name = args.against + "".join(f"-without-{t}" for t in args.deselect)
-        doc.setdefault("then_and_now", {})[name] = then_and_now(args.against, args.rounds, args.workers[0], args.deselect)
+        doc.setdefault("then_and_now", {})[name] = then_and_now(
+            args.against, args.rounds, args.workers[0], args.deselect
+        )
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
     if not args.skip_startup:
-        doc["startup"] = {"commit": key, "machine": machine(), "repeats": args.repeats, "figures": startup(args.repeats)}
+        doc["startup"] = {
+            "commit": key,
+            "machine": machine(),
+            "repeats": args.repeats,
+            "figures": startup(args.repeats),
+        }
         print(json.dumps(doc["startup"]["figures"], indent=1), flush=True)
     for n in args.workers:
         row = suite(n)
         doc["runs"][f"{key}-workers-{n}"] = row
         if n == MAKE_TEST_WORKERS:
-            doc["latest"] = {"commit": key, "wall_s": row["wall_s"], "cpu_s": row["cpu_s"], "exit": row["exit"], "when": row["when"],
-                             "command": row["command"]}
+            doc["latest"] = {
+                "commit": key,
+                "wall_s": row["wall_s"],
+                "cpu_s": row["cpu_s"],
+                "exit": row["exit"],
+                "when": row["when"],
+                "command": row["command"],
+            }
         print(f"{n} workers: {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}", flush=True)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
     OUT.write_text(json.dumps(doc, indent=1) + "\n")

@@ -67,8 +67,11 @@ class FaultBackend(OnnxRuntimeBackend):
     """
 
     name = "fault"
-    options = (*OnnxRuntimeBackend.options, Option("marker_dir", str, "", "where builds are counted"),
-               Option("faults", dict, {}, "build index -> fault"))
+    options = (
+        *OnnxRuntimeBackend.options,
+        Option("marker_dir", str, "", "where builds are counted"),
+        Option("faults", dict, {}, "build index -> fault"),
+    )
 
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         marker_dir = Path(str(ctx.model.options["marker_dir"]))
@@ -115,8 +118,10 @@ class SameEngineBackend(OnnxRuntimeBackend):
     name = "same-engine"
 
     def space(self, model: ModelInfo) -> SearchSpace:
-        pinned = [replace(p, choices=(1,), default=1) if p.name == "intra_op_threads" else replace(p, choices=(p.default,))
-                  for p in super().space(model).params]
+        pinned = [
+            replace(p, choices=(1,), default=1) if p.name == "intra_op_threads" else replace(p, choices=(p.default,))
+            for p in super().space(model).params
+        ]
         return SearchSpace((*pinned, Param("noop", ("a", "b", "c", "d", "e", "f"), "a", "changes nothing")))
 
 
@@ -163,6 +168,7 @@ class ClosingBackend(OnnxRuntimeBackend):
 
         runner.release = release_and_mark  # type: ignore[method-assign]
         if ctx.model.options.get("fail_infer"):
+
             def fail(feed):  # noqa: ANN001, ANN202
                 raise RuntimeError("deliberate inference failure")
 
@@ -187,7 +193,9 @@ class BallastBackend(SameEngineBackend):
     name = "ballast"
 
     def space(self, model: ModelInfo) -> SearchSpace:
-        return SearchSpace((*super().space(model).params[:-1], Param("ballast_mb", (0, 48, 96), 0, "resident MiB held by the runner")))
+        return SearchSpace(
+            (*super().space(model).params[:-1], Param("ballast_mb", (0, 48, 96), 0, "resident MiB held by the runner"))
+        )
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext):  # type: ignore[override]
         runner = super().load(artifact, route, ctx)

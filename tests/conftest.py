@@ -98,7 +98,10 @@ def pg_url(pg_cluster: None) -> Iterator[str]:
     yield f"{base}/{name}"
     conn = _admin()
     with conn.cursor() as cur:
-        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        )
         cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
     conn.close()
 
@@ -143,8 +146,15 @@ def write_spec(tmp_path: Path, tiny_model: Path) -> SpecWriter:
             "data": {"samples": 4, "gate_samples": 2},
             "accuracy": {"metric": "cosine", "tolerance": 0.001},
             # The suite runs on shared, busy machines: contention is recorded, not acted on (tests of "exclusive" set it).
-            "objective": {"warmup_s": 0.0, "min_repeats": 5, "min_duration_s": 0.02, "block_s": 0.002, "timing_cap_s": 0.3,
-                          "target_halfwidth": 0.1, "contention": "measured"},
+            "objective": {
+                "warmup_s": 0.0,
+                "min_repeats": 5,
+                "min_duration_s": 0.02,
+                "block_s": 0.002,
+                "timing_cap_s": 0.3,
+                "target_halfwidth": 0.1,
+                "contention": "measured",
+            },
             "backend": {"name": "onnxruntime"},
             "run": {"budget": 4, "heartbeat_s": 0.5, "grace_s": 30.0, "trial_timeout_s": 120.0},
         }
@@ -186,9 +196,15 @@ def _value(v: Any) -> str:
     raise TypeError(type(v))
 
 
-def tuner(*args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def tuner(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real `tuner` CLI in a subprocess and capture its output."""
     return subprocess.run(
-        [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}, cwd=cwd or REPO,
+        [sys.executable, "-m", "tuner", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)},
+        cwd=cwd or REPO,
     )

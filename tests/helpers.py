@@ -26,9 +26,14 @@ def start_tuner(*args: str, log: Path, env: dict[str, str] | None = None) -> sub
     non-interactive shell inherits SIGINT ignored, and Python then never installs its Ctrl-C handler.
     """
     with open(log, "wb") as f:
-        return subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=REPO,
-                                preexec_fn=_default_sigint)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tuner", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+            cwd=REPO,
+            preexec_fn=_default_sigint,
+        )
 
 
 def _default_sigint() -> None:
@@ -57,7 +62,9 @@ def status(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return json.loads(result.stdout)
 
 
-def cli_in_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> subprocess.CompletedProcess[str]:
+def cli_in_process(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str
+) -> subprocess.CompletedProcess[str]:
     """Run the real `tuner` entry point in this process; its exit status and output as a CompletedProcess."""
     from tuner.cli.main import main
 
@@ -89,6 +96,9 @@ def all_rows_text(url: str) -> str:
 
     engine = create_engine(normalize_url(url))
     with engine.connect() as conn:
-        dump = [json.dumps(conn.execute(text(f'SELECT json_agg(t) FROM "{name}" t')).scalar()) for name in inspect(conn).get_table_names()]
+        dump = [
+            json.dumps(conn.execute(text(f'SELECT json_agg(t) FROM "{name}" t')).scalar())
+            for name in inspect(conn).get_table_names()
+        ]
     engine.dispose()
     return "\n".join(dump)

@@ -30,7 +30,8 @@ def conv_model(path: Path, size: int = 16, seed: int = 0) -> Path:
         helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1),
     ]
     graph = helper.make_graph(
-        nodes, "tiny_cnn",
+        nodes,
+        "tiny_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
         inits,
@@ -60,8 +61,12 @@ def vad_model(path: Path, seed: int = 0) -> Path:
     ]
     h = helper.make_tensor_value_info("h", TensorProto.FLOAT, ["B", 128])
     then = helper.make_graph([helper.make_node("Identity", ["proj"], ["h"])], "then", [], [h])
-    other = helper.make_graph([helper.make_node("Neg", ["proj"], ["h_else"])], "else", [],
-                              [helper.make_tensor_value_info("h_else", TensorProto.FLOAT, ["B", 128])])
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["proj"], ["h_else"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("h_else", TensorProto.FLOAT, ["B", 128])],
+    )
     nodes = [
         helper.make_node("MatMul", ["input", "w_in"], ["proj"]),
         helper.make_node("Equal", ["sr", "rate"], ["is16k"]),
@@ -75,12 +80,17 @@ def vad_model(path: Path, seed: int = 0) -> Path:
         helper.make_node("Sigmoid", ["logit"], ["output"]),
     ]
     graph = helper.make_graph(
-        nodes, "vad",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["B", 512]),
-         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "B", 128]),
-         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["B", 1]),
-         helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "B", 128])],
+        nodes,
+        "vad",
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, ["B", 512]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "B", 128]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("output", TensorProto.FLOAT, ["B", 1]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "B", 128]),
+        ],
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -95,13 +105,20 @@ def endless_loop_model(path: Path) -> Path:
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
         "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1, 10])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1, 10])],
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1, 10]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1, 10]),
+        ],
         [numpy_helper.from_array(np.ones((1, 10), np.float32), "one")],
     )
     graph = helper.make_graph(
-        [helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)], "endless",
+        [helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)],
+        "endless",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
         [numpy_helper.from_array(np.array(10**15, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond")],
@@ -112,11 +129,17 @@ def endless_loop_model(path: Path) -> Path:
 def unknown_op_model(path: Path) -> Path:
     """A model the ONNX checker accepts but ONNX Runtime cannot load: one op of an unregistered domain."""
     graph = helper.make_graph(
-        [helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example.unknown")], "unknown_op",
+        [helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example.unknown")],
+        "unknown_op",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
     )
-    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example.unknown", 1)]), path)
+    return _save(
+        helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example.unknown", 1)]
+        ),
+        path,
+    )
 
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:

@@ -56,7 +56,7 @@ class Connection:
             kind, length = self.buffer[:1], struct.unpack("!I", self.buffer[1:5])[0]
             if len(self.buffer) < 1 + length:
                 return
-            body, self.buffer = self.buffer[5:1 + length], self.buffer[1 + length:]
+            body, self.buffer = self.buffer[5 : 1 + length], self.buffer[1 + length :]
             if kind in (b"Q", b"P"):
                 sql = body.split(b"\0")[1 if kind == b"P" else 0].decode(errors="replace")
                 self._statement(sql)

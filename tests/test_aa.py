@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import aa
 from bench.landscape.oracle import Oracle
+
+from bench import aa
 from tuner.backends.replay.landscape import load_landscape
 from tuner.study.verdict import VERDICTS
 

@@ -60,14 +60,26 @@ CASES = {
     "target half-width of 100 %": ({"objective.target_halfwidth": 1.5}, ("objective.target_halfwidth", "below 1")),
     "zero timing cap": ({"objective.timing_cap_s": 0}, ("objective.timing_cap_s", "> 0")),
     "racing not a boolean": ({"run.racing": "yes"}, ("run.racing", "true or false")),
-    "unknown backend option": ({"backend.options": {"bogus": 1}}, ("backend.options.bogus", "unknown option", "model_type")),
-    "bad backend option value": ({"backend.options": {"num_heads": "twelve"}}, ("backend.options.num_heads", "integer")),
-    "bad timing_cache": ({"backend.name": "tensorrt", "backend.options": {"timing_cache": "forever"}},
-                         ("backend.options.timing_cache", "'fresh', 'shared'")),
-    "bad inductor_config": ({"backend.name": "inductor", "backend.options": {"device": "cpu", "inductor_config": {"no_such_switch": True}}},
-                            ("backend.options.inductor_config", "no switch 'no_such_switch'")),
-    "bad inductor module": ({"backend.name": "inductor", "backend.options": {"module": "no_colon"}},
-                            ("backend.options.module", "package.module:function")),
+    "unknown backend option": (
+        {"backend.options": {"bogus": 1}},
+        ("backend.options.bogus", "unknown option", "model_type"),
+    ),
+    "bad backend option value": (
+        {"backend.options": {"num_heads": "twelve"}},
+        ("backend.options.num_heads", "integer"),
+    ),
+    "bad timing_cache": (
+        {"backend.name": "tensorrt", "backend.options": {"timing_cache": "forever"}},
+        ("backend.options.timing_cache", "'fresh', 'shared'"),
+    ),
+    "bad inductor_config": (
+        {"backend.name": "inductor", "backend.options": {"device": "cpu", "inductor_config": {"no_such_switch": True}}},
+        ("backend.options.inductor_config", "no switch 'no_such_switch'"),
+    ),
+    "bad inductor module": (
+        {"backend.name": "inductor", "backend.options": {"module": "no_colon"}},
+        ("backend.options.module", "package.module:function"),
+    ),
 }
 UNTOUCHED = "postgresql://postgres@127.0.0.1:5432/tuner_never_created"  # validation must fail before any connection
 
@@ -76,8 +88,19 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 NEEDS_TORCH = {"bad inductor_config"}  # checked against the installed torch's Inductor configuration
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.skipif(
-    c in NEEDS_TORCH and not HAS_TORCH, reason="needs PyTorch (pip install 'route-tuner[inductor]'); without it the case exits 3")) for c in sorted(CASES)])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            c,
+            marks=pytest.mark.skipif(
+                c in NEEDS_TORCH and not HAS_TORCH,
+                reason="needs PyTorch (pip install 'route-tuner[inductor]'); without it the case exits 3",
+            ),
+        )
+        for c in sorted(CASES)
+    ],
+)
 def test_bad_study_file_fields(case: str, write_spec, capsys, monkeypatch) -> None:
     overrides, needles = CASES[case]
     spec = write_spec(**overrides)
@@ -100,16 +123,31 @@ runpy.run_module("tuner", run_name="__main__")
 
 def _without(modules: str, *args: str) -> subprocess.CompletedProcess[str]:
     """The real CLI in a process where `modules` (comma-separated) cannot be imported, as where they are not installed."""
-    return subprocess.run([sys.executable, "-c", BLOCKED, modules, *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKED, modules, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+    )
 
 
-@pytest.mark.parametrize(("overrides", "needle"), [
-    ({"backend.name": "inductor", "backend.options": {"device": "cpu"}}, "the inductor backend needs torch"),
-    ({"backend.name": "inductor", "backend.options": {"inductor_config": {"freezing": True}}}, "backend.options.inductor_config needs torch"),
-    ({"run.sampler": "gp"}, "run.sampler: 'gp' needs torch"),
-], ids=["inductor", "inductor_config", "gp sampler"])
-def test_a_missing_optional_library_is_one_line_naming_the_extra_and_exits_3(overrides: dict, needle: str, write_spec) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"backend.name": "inductor", "backend.options": {"device": "cpu"}}, "the inductor backend needs torch"),
+        (
+            {"backend.name": "inductor", "backend.options": {"inductor_config": {"freezing": True}}},
+            "backend.options.inductor_config needs torch",
+        ),
+        ({"run.sampler": "gp"}, "run.sampler: 'gp' needs torch"),
+    ],
+    ids=["inductor", "inductor_config", "gp sampler"],
+)
+def test_a_missing_optional_library_is_one_line_naming_the_extra_and_exits_3(
+    overrides: dict, needle: str, write_spec
+) -> None:
     spec = write_spec(**overrides)
     for command in (["run", str(spec), "--storage", UNTOUCHED], ["space", str(spec)]):
         done = _without("torch", *command)
@@ -124,17 +162,24 @@ def test_a_bad_study_file_writes_nothing(write_spec, pg_url) -> None:
     """End to end (a real `tuner` process, a real database): refused before anything is written."""
     spec = write_spec(**{"backend.options": {"bogus": 1}})
     err = _fails_cleanly(tuner("run", str(spec), "--storage", pg_url), spec.name, "backend.options.bogus")
-    assert err == f"error: {spec}: backend.options.bogus: unknown option of the onnxruntime backend; it takes: model_type, num_heads, hidden_size"
+    assert (
+        err
+        == f"error: {spec}: backend.options.bogus: unknown option of the onnxruntime backend; it takes: model_type, num_heads, hidden_size"
+    )
     assert _tables(pg_url) == []
     assert not (spec.parent / ".tuner").exists()
 
 
-@pytest.mark.parametrize("content", [b"", b"this is not a protobuf at all \xff\xfe", None], ids=["empty", "garbage", "truncated"])
+@pytest.mark.parametrize(
+    "content", [b"", b"this is not a protobuf at all \xff\xfe", None], ids=["empty", "garbage", "truncated"]
+)
 def test_bad_model_files(content: bytes | None, write_spec, tiny_model: Path, capsys, monkeypatch) -> None:
     data = tiny_model.read_bytes()
     tiny_model.write_bytes(data[: len(data) // 2] if content is None else content)
     spec = write_spec()
-    _fails_cleanly(cli_in_process(capsys, monkeypatch, "run", str(spec), "--storage", UNTOUCHED), "model.path", "tiny.onnx")
+    _fails_cleanly(
+        cli_in_process(capsys, monkeypatch, "run", str(spec), "--storage", UNTOUCHED), "model.path", "tiny.onnx"
+    )
 
 
 def test_bad_toml(tmp_path: Path) -> None:
@@ -170,7 +215,9 @@ READ_ONLY = (("status",), ("status", "--json"), ("best",), ("best", "--json"), (
 
 
 @pytest.mark.parametrize("args", READ_ONLY, ids=" ".join)
-def test_a_read_only_command_on_a_study_that_does_not_exist_writes_nothing(args, write_spec, sqlite_url, pg_url, tmp_path) -> None:
+def test_a_read_only_command_on_a_study_that_does_not_exist_writes_nothing(
+    args, write_spec, sqlite_url, pg_url, tmp_path
+) -> None:
     spec = str(write_spec())
     _fails_cleanly(tuner(*args[:1], spec, "--storage", sqlite_url, *args[1:]), "does not exist", "tuner run")
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()  # not even an empty file

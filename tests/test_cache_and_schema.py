@@ -22,11 +22,15 @@ def _builds(markers: Path) -> int:
 def test_repeated_route_is_served_from_the_cache_and_a_changed_model_is_not(write_spec, pg_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     options = {"marker_dir": str(markers)}
-    first = write_spec("a.toml", **{"study.name": "first", "backend.name": FAULT, "backend.options": options, "run.budget": 1})
+    first = write_spec(
+        "a.toml", **{"study.name": "first", "backend.name": FAULT, "backend.options": options, "run.budget": 1}
+    )
     assert tuner("run", str(first), "--no-confirm", "--storage", pg_url).returncode == 0
     assert _builds(markers) == 1
     # Another study with the same model, data and route: the baseline result is reused, nothing is built.
-    second = write_spec("b.toml", **{"study.name": "second", "backend.name": FAULT, "backend.options": options, "run.budget": 1})
+    second = write_spec(
+        "b.toml", **{"study.name": "second", "backend.name": FAULT, "backend.options": options, "run.budget": 1}
+    )
     assert tuner("run", str(second), "--no-confirm", "--storage", pg_url).returncode == 0
     assert _builds(markers) == 1
     reused = trials(pg_url, "second")[0]
@@ -34,7 +38,9 @@ def test_repeated_route_is_served_from_the_cache_and_a_changed_model_is_not(writ
     assert reused.value == trials(pg_url, "first")[0].value
     # Same shapes, different weights: a new key, so a real build.
     conv_model(tmp_path / "tiny.onnx", seed=1)
-    third = write_spec("c.toml", **{"study.name": "third", "backend.name": FAULT, "backend.options": options, "run.budget": 1})
+    third = write_spec(
+        "c.toml", **{"study.name": "third", "backend.name": FAULT, "backend.options": options, "run.budget": 1}
+    )
     assert tuner("run", str(third), "--no-confirm", "--storage", pg_url).returncode == 0
     assert _builds(markers) == 2
     assert trials(pg_url, "third")[0].user_attrs["cache_hit"] is False
@@ -46,8 +52,15 @@ def test_first_run_sets_up_both_schemas_apart(write_spec, pg_url) -> None:
     engine = create_engine(normalize_url(pg_url))
     tables = set(inspect(engine).get_table_names())
     assert {"trials", "studies", "alembic_version"} <= tables  # Optuna's
-    assert {"tuner_results", "tuner_measurements", "tuner_environments", "tuner_artifacts", "tuner_leases",
-            "tuner_studies", "tuner_alembic_version"} <= tables  # ours, with their own version table
+    assert {
+        "tuner_results",
+        "tuner_measurements",
+        "tuner_environments",
+        "tuner_artifacts",
+        "tuner_leases",
+        "tuner_studies",
+        "tuner_alembic_version",
+    } <= tables  # ours, with their own version table
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM tuner_alembic_version")).scalar() == head_revision()
         assert conn.execute(text("SELECT count(*) FROM tuner_measurements")).scalar() == 1

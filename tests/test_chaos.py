@@ -23,8 +23,19 @@ def test_a_short_chaos_run_loses_nothing(own_timing_locks: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="chaos-test-") as d:  # pytest's tmp_path is not reachable for user postgres
         root = Path(d)
         root.chmod(0o755)
-        seed = Seed(seed=7, outage_s=4.0, budget=14, workers=3, build_s=0.5, grace_s=4.0, root=root, schedule=SHORT,
-                    timing_cap_s=0.5, first=(), last=())  # every route runs one model: a paired timing of equals would take the full CPU cap
+        seed = Seed(
+            seed=7,
+            outage_s=4.0,
+            budget=14,
+            workers=3,
+            build_s=0.5,
+            grace_s=4.0,
+            root=root,
+            schedule=SHORT,
+            timing_cap_s=0.5,
+            first=(),
+            last=(),
+        )  # every route runs one model: a paired timing of equals would take the full CPU cap
         seed.setup()
         try:
             row = seed.run()
@@ -32,6 +43,13 @@ def test_a_short_chaos_run_loses_nothing(own_timing_locks: Path) -> None:
             seed.teardown()
     assert row["faults_injected"] == len(SHORT), row["faults"]
     assert row["budget_exact"], row
-    for key in ("trials_lost", "trials_left_running", "routes_built_twice", "concurrent_duplicate_builds",
-                "orphans_after_run", "children_alive_5s_after_worker_kill", "cached_environment_errors"):
+    for key in (
+        "trials_lost",
+        "trials_left_running",
+        "routes_built_twice",
+        "concurrent_duplicate_builds",
+        "orphans_after_run",
+        "children_alive_5s_after_worker_kill",
+        "cached_environment_errors",
+    ):
         assert row[key] == 0, (key, row)

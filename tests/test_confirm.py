@@ -12,15 +12,15 @@ from optuna.distributions import CategoricalDistribution
 from optuna_dashboard import get_note
 
 from tests.conftest import SpecWriter, tuner
+from tuner import job as J
+from tuner.measure.speedup import min_rounds, signed_rank_counts, speedup_from_log_ratios, speedup_interval
 from tuner.spec import load_spec
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
-from tuner.worker import confirm as C
 from tuner.study import verdict as V
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
-from tuner.measure.speedup import min_rounds, signed_rank_counts, speedup_from_log_ratios, speedup_interval
-from tuner import job as J
+from tuner.worker import confirm as C
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
 
@@ -57,13 +57,19 @@ def test_interval_rarely_invents_a_win_from_noise() -> None:
 def test_the_intervals_pay_for_the_candidates_and_the_looks() -> None:
     assert C.looks(8) == 8 - C.MIN_ROUNDS + 1
     assert C.interval_level(0.95, 3, 8) == pytest.approx(1 - 0.05 / (3 * C.looks(8)))
-    assert C.interval_level(0.95, 1, C.MIN_ROUNDS) == pytest.approx(0.95)  # one candidate, one look: the level asked for
+    assert C.interval_level(0.95, 1, C.MIN_ROUNDS) == pytest.approx(
+        0.95
+    )  # one candidate, one look: the level asked for
 
 
 def _trial(number: int, noop: str, value: float, accuracy: float = -1.0) -> optuna.trial.FrozenTrial:
     """A finished trial with the tuner's two constraints (feasible unless `accuracy` > 0)."""
-    t = optuna.trial.create_trial(params={"noop": noop}, distributions={"noop": CategoricalDistribution(["a", "b", "c", "d"])},
-                                  value=value, constraints={"accuracy": accuracy, "failure": -1.0})
+    t = optuna.trial.create_trial(
+        params={"noop": noop},
+        distributions={"noop": CategoricalDistribution(["a", "b", "c", "d"])},
+        value=value,
+        constraints={"accuracy": accuracy, "failure": -1.0},
+    )
     t.number = number
     return t
 
@@ -72,28 +78,50 @@ def _paired(rng: np.random.Generator, speedup: float, contended: bool = False, s
     """One process's paired result: per-cycle log ratios around log(`speedup`), offset by a process-wide draw."""
     d = list(rng.normal(np.log(speedup) + rng.normal(0, spread / 3), spread, 12))
     s = speedup_from_log_ratios(d, 0.95)
-    return J.Result(status=J.OK, latency={"median": 4.0 / speedup}, paired={
-        "paired": True, "log_ratios": d, "speedup": s.estimate, "ci": [s.low, s.high], "cycles": len(d), "contended": contended,
-        "baseline_latency": {"median": 4.0}})
+    return J.Result(
+        status=J.OK,
+        latency={"median": 4.0 / speedup},
+        paired={
+            "paired": True,
+            "log_ratios": d,
+            "speedup": s.estimate,
+            "ci": [s.low, s.high],
+            "cycles": len(d),
+            "contended": contended,
+            "baseline_latency": {"median": 4.0},
+        },
+    )
 
 
-def _run(factors: dict[int, float], cap: int = 8, contended_rounds: tuple[int, ...] = ()) -> tuple[dict, list[C.RoundEvent]]:
+def _run(
+    factors: dict[int, float], cap: int = 8, contended_rounds: tuple[int, ...] = ()
+) -> tuple[dict, list[C.RoundEvent]]:
     rng = np.random.default_rng(3)
     candidates = [C.Candidate(_trial(n, "abc"[n - 1], 4.0)) for n in factors]
     events: list[C.RoundEvent] = []
     level = C.interval_level(0.95, len(candidates), cap)
-    stopped = C.run_rounds(candidates, lambda t, r: _paired(rng, factors[t.number], r in contended_rounds), cap, level, "median",
-                           events.append)
+    stopped = C.run_rounds(
+        candidates,
+        lambda t, r: _paired(rng, factors[t.number], r in contended_rounds),
+        cap,
+        level,
+        "median",
+        events.append,
+    )
     return C.judge(candidates, level, 0.95, cap, stopped, "median"), events
 
 
-@pytest.mark.parametrize(("factor", "verdict"), [(1.25, V.SPEEDUP), (0.8, V.DEFAULT_IS_FASTEST), (1.0, V.NO_SIGNIFICANT)])
+@pytest.mark.parametrize(
+    ("factor", "verdict"), [(1.25, V.SPEEDUP), (0.8, V.DEFAULT_IS_FASTEST), (1.0, V.NO_SIGNIFICANT)]
+)
 def test_judge_declares_a_win_only_when_the_interval_clears_one(factor: float, verdict: str) -> None:
     doc, events = _run({1: factor, 2: min(factor, 1.0)})
     assert doc["verdict"] == verdict, doc["message"]
     assert (doc["winner_trial"] == 1) == (verdict == V.SPEEDUP)
     assert len(doc["candidates"]) == 2 and all("low" in c and "high" in c for c in doc["candidates"])
-    assert doc["default_median_ms"] == 4.0 and all(c["median_ms"] == pytest.approx(4.0 / f) for c, f in zip(doc["candidates"], (factor, min(factor, 1.0))))
+    assert doc["default_median_ms"] == 4.0 and all(
+        c["median_ms"] == pytest.approx(4.0 / f) for c, f in zip(doc["candidates"], (factor, min(factor, 1.0)))
+    )
     assert len(events) == 2 * doc["rounds"] and events[-1].standings.keys() == {1, 2}
 
 
@@ -113,14 +141,28 @@ def test_contended_processes_are_run_again_and_decide_nothing() -> None:
     assert events[1].standings == {}  # two contended processes: nothing to stand on
     (row,) = doc["candidates"]
     assert row["contended"] == 2 and row["processes"] == C.MIN_ROUNDS and doc["verdict"] == V.SPEEDUP
-    doc, events = _run({1: 2.0, 2: 1.0}, contended_rounds=tuple(range(C.MIN_ROUNDS)))  # a host busy throughout: stop, say so
+    doc, events = _run(
+        {1: 2.0, 2: 1.0}, contended_rounds=tuple(range(C.MIN_ROUNDS))
+    )  # a host busy throughout: stop, say so
     assert doc["stopped"] == "busy" and len(events) == 2 * C.MIN_ROUNDS and doc["verdict"] == C.NOTHING_TO_CONFIRM
-    assert "the host was busy throughout" in doc["message"] and doc["contention"]["contended_processes"] == 2 * C.MIN_ROUNDS
+    assert (
+        "the host was busy throughout" in doc["message"]
+        and doc["contention"]["contended_processes"] == 2 * C.MIN_ROUNDS
+    )
 
 
 def test_candidates_are_feasible_distinct_and_not_the_default_route() -> None:
-    trials = [_trial(n, noop, value, acc) for n, noop, value, acc in
-              ((0, "a", 5.0, -1.0), (1, "b", 4.0, -1.0), (2, "b", 4.5, -1.0), (3, "a", 3.0, -1.0), (4, "c", 2.0, 0.5), (5, "c", 4.8, -1.0))]
+    trials = [
+        _trial(n, noop, value, acc)
+        for n, noop, value, acc in (
+            (0, "a", 5.0, -1.0),
+            (1, "b", 4.0, -1.0),
+            (2, "b", 4.5, -1.0),
+            (3, "a", 3.0, -1.0),
+            (4, "c", 2.0, 0.5),
+            (5, "c", 4.8, -1.0),
+        )
+    ]
     assert [t.number for t in C.pick_candidates(trials, trials[0], 3)] == [1, 5]
     assert [t.number for t in C.pick_candidates(trials, trials[0], 1)] == [1]
 
@@ -162,7 +204,10 @@ def test_a_study_with_nothing_to_find_reports_no_win(write_spec: SpecWriter, pg_
 
     confirm_runs = ResultStore(url).measurements("tiny", kind="confirm")
     rounds = doc["rounds"] + cand["contended"]
-    assert len(confirm_runs) == 2 * rounds and {m.trial_number for m in confirm_runs} == {0, cand["trial"]}  # both engines of each process
+    assert len(confirm_runs) == 2 * rounds and {m.trial_number for m in confirm_runs} == {
+        0,
+        cand["trial"],
+    }  # both engines of each process
     assert sorted(m.stats["round"] for m in confirm_runs) == sorted(list(range(rounds)) * 2)
     assert len({m.result_key for m in confirm_runs}) == 1 and all(len(m.samples_ms) >= 5 for m in confirm_runs)
 
@@ -193,7 +238,14 @@ def test_a_route_that_fails_on_re_measurement_is_reported_not_judged() -> None:
     assert doc["candidates"][0]["failure"].startswith("accuracy:")
     rng = np.random.default_rng(4)
     failing = C.Candidate(_trial(2, "c", 4.0))
-    C.run_rounds([failing], lambda t, r: J.Result(status=J.CRASH_SIGNAL, message="child died of SIGSEGV"), 8, 0.95, "median", lambda e: None)
+    C.run_rounds(
+        [failing],
+        lambda t, r: J.Result(status=J.CRASH_SIGNAL, message="child died of SIGSEGV"),
+        8,
+        0.95,
+        "median",
+        lambda e: None,
+    )
     assert failing.failure == "crash-signal: child died of SIGSEGV" and not failing.log_ratios
     unpaired = C.Candidate(_trial(3, "a", 4.0))
     result = _paired(rng, 1.0)
@@ -202,7 +254,9 @@ def test_a_route_that_fails_on_re_measurement_is_reported_not_judged() -> None:
     assert "the baseline engine did not load" in unpaired.failure
 
 
-def test_a_stored_confirmation_says_what_it_confirmed_and_whether_it_still_holds(write_spec: SpecWriter, sqlite_url: str) -> None:
+def test_a_stored_confirmation_says_what_it_confirmed_and_whether_it_still_holds(
+    write_spec: SpecWriter, sqlite_url: str
+) -> None:
     ctx = Context(load_spec(write_spec(**{"backend.name": SAME_ENGINE})), sqlite_url)
     study = optuna.create_study(study_name=ctx.spec.study, storage=sqlite_url)
     for number, noop, value in ((0, "a", 4.0), (1, "b", 3.0), (2, "c", 3.5)):
@@ -210,11 +264,15 @@ def test_a_stored_confirmation_says_what_it_confirmed_and_whether_it_still_holds
         t.set_user_attr("source", "baseline" if number == 0 else "sampler")
         study.add_trial(t)
     rng = np.random.default_rng(5)
-    doc = C.judge_study(study, "median", lambda t, r: _paired(rng, 1.3 if t.number == 1 else 1.0), top_k=2, log=lambda line: None)
+    doc = C.judge_study(
+        study, "median", lambda t, r: _paired(rng, 1.3 if t.number == 1 else 1.0), top_k=2, log=lambda line: None
+    )
     study.set_user_attr(C.ATTR, {**doc, "settings": C.settings(ctx, 2, 0.95, C.DEFAULT_ROUNDS)})
     assert doc["candidate_trials"] == [1, 2] and doc["baseline_trial"] == 0 and doc["verdict"] == V.SPEEDUP
     assert C.is_current(ctx, study, top_k=2)
-    assert not C.is_current(ctx, study, top_k=1) and not C.is_current(ctx, study, top_k=2, confidence=0.99)  # other settings
+    assert not C.is_current(ctx, study, top_k=1) and not C.is_current(
+        ctx, study, top_k=2, confidence=0.99
+    )  # other settings
     study.add_trial(_trial(3, "a", 2.0))  # the default's route again: not a candidate, nothing changes
     assert C.is_current(ctx, study, top_k=2)
     t = _trial(4, "d", 2.0)

@@ -78,14 +78,22 @@ def test_commands_are_real_tuner_commands_on_real_files(compose: dict[str, Any])
         build = s["build"]
         assert (COMPOSE.parent / build["context"]).resolve() == REPO and (REPO / build["dockerfile"]).is_file()
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
-    assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"] and services["worker"]["build"]["dockerfile"] == "Dockerfile"
+    assert (
+        gpu["driver"] == "nvidia"
+        and "gpu" in gpu["capabilities"]
+        and services["worker"]["build"]["dockerfile"] == "Dockerfile"
+    )
     assert services["worker"]["profiles"] == ["gpu"] and services["worker-cpu"]["profiles"] == ["cpu"]
 
 
 def _instructions(path: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
     text = re.sub(r"\\\n\s*", " ", path.read_text())
-    return [(line.split()[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        (line.split()[0].upper(), line.split(None, 1)[1])
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
@@ -93,7 +101,11 @@ def test_dockerfile_structure(kind: str) -> None:
     steps = _instructions(DOCKERFILES[kind])
     froms = [args for op, args in steps if op == "FROM"]
     assert froms == (["nvcr.io/nvidia/tensorrt:${TENSORRT_TAG}-py3"] if kind == "gpu" else ["python:3.11-slim"])
-    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert ".venv" in ignored and ".git" in ignored
     for op, args in steps:
         if op == "COPY":
@@ -120,15 +132,38 @@ def test_hadolint_finds_nothing() -> None:
 
 def test_a_wheel_carries_the_migrations_and_builds_without_warnings(tmp_path: Path) -> None:
     """A non-editable install (`pip install route-tuner`) must hold everything the services run, and say nothing alarming."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # its "byte-compiling is disabled" notes
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(tmp_path), str(REPO)],
-                         capture_output=True, text=True, timeout=300, env=env)
+    env = {
+        k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"
+    }  # its "byte-compiling is disabled" notes
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-v",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     warnings = [line for line in (res.stdout + res.stderr).splitlines() if "warning" in line.lower()]
     assert warnings == []
     (wheel,) = tmp_path.glob("route_tuner-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("tuner/migrations/env.py", "tuner/migrations/script.py.mako", "tuner/cli/dashboard.py", "tuner/report/plots.py",
-                   "tuner/worker/confirm.py"):
+    for needed in (
+        "tuner/migrations/env.py",
+        "tuner/migrations/script.py.mako",
+        "tuner/cli/dashboard.py",
+        "tuner/report/plots.py",
+        "tuner/worker/confirm.py",
+    ):
         assert needed in names, needed
     assert any(n.startswith("tuner/migrations/versions/") and n.endswith(".py") for n in names)

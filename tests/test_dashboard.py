@@ -32,8 +32,14 @@ from tuner.study.summary import summarize_study
 from tuner.study.verdict import decide
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -71,10 +77,19 @@ def page() -> Iterator[Page]:
 
 
 @pytest.mark.slow
-def test_dashboard_shows_feasibility_and_the_best_feasible_note(write_spec: SpecWriter, pg_url: str, tmp_path: Path, page: Page) -> None:
+def test_dashboard_shows_feasibility_and_the_best_feasible_note(
+    write_spec: SpecWriter, pg_url: str, tmp_path: Path, page: Page
+) -> None:
     # fp32 routes pass a 1e-9 cosine tolerance, fp16 and int8 variants do not: infeasible trials are all but certain.
-    spec = write_spec(**{"accuracy.tolerance": 1e-9, "run.budget": 6, "run.startup_trials": 6, "backend.name": "tests.backends:ChattyBackend",
-                         "backend.space": {"intra_op_threads": [0, 1], "execution_mode": ["sequential"]}})
+    spec = write_spec(
+        **{
+            "accuracy.tolerance": 1e-9,
+            "run.budget": 6,
+            "run.startup_trials": 6,
+            "backend.name": "tests.backends:ChattyBackend",
+            "backend.space": {"intra_op_threads": [0, 1], "execution_mode": ["sequential"]},
+        }
+    )
     run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "6")
     assert run.returncode == 0, run.stderr[-3000:]
     url = normalize_url(pg_url)
@@ -82,7 +97,9 @@ def test_dashboard_shows_feasibility_and_the_best_feasible_note(write_spec: Spec
     summary = summarize_study(study)
     assert summary.best is not None and summary.infeasible >= 1, "the study needs feasible and infeasible trials"
     note = get_note(study)  # written by the workers and the confirmation, before any dashboard runs
-    assert f"Best feasible trial: #{summary.best.number}**" in note and study.user_attrs["confirmation"]["message"] in note
+    assert (
+        f"Best feasible trial: #{summary.best.number}**" in note and study.user_attrs["confirmation"]["message"] in note
+    )
     head = decide(summary, study.user_attrs["confirmation"], study.trials)
     assert note.index(head.sentence) < note.index("Best feasible trial"), "the verdict leads the note"
 
@@ -98,7 +115,9 @@ def test_dashboard_shows_feasibility_and_the_best_feasible_note(write_spec: Spec
         expect(page.get_by_text("tiny", exact=False).first).to_be_visible()
 
         page.goto(f"{base}/dashboard/studies/{sid}")
-        expect(page.get_by_text(f"Best Trial (number={summary.best.number})")).to_be_visible()  # feasible, not the stock choice
+        expect(
+            page.get_by_text(f"Best Trial (number={summary.best.number})")
+        ).to_be_visible()  # feasible, not the stock choice
         page.screenshot(path=str(ARTIFACTS / "dashboard-study.png"), full_page=True)
 
         page.goto(f"{base}/dashboard/studies/{sid}/trials")
@@ -121,7 +140,9 @@ def test_dashboard_shows_feasibility_and_the_best_feasible_note(write_spec: Spec
         page.goto(f"{base}/dashboard/studies/{sid}/trials?numbers={best.number}")
         expect(page.get_by_text(f"Trial {best.number} (trial_id=")).to_be_visible()
         expect(page.get_by_text("feasible True", exact=True)).to_be_visible()
-        expect(page.get_by_text(re.compile(r'^latency_ms \{"median"'))).to_be_visible()  # not baseline_latency_ms (paired trials)
+        expect(
+            page.get_by_text(re.compile(r'^latency_ms \{"median"'))
+        ).to_be_visible()  # not baseline_latency_ms (paired trials)
 
         page.goto(f"{base}/dashboard/studies/{sid}/note")
         body = page.locator("body")
@@ -158,7 +179,9 @@ def test_feasible_best_storage_skips_a_faster_infeasible_trial(sqlite_url: str) 
 def test_binding_beyond_loopback_warns_and_a_bad_address_is_one_line(write_spec: SpecWriter, sqlite_url: str) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
-    spec = write_spec()  # the storage holds another study, not this one: the dashboard serves it and says the study will appear
+    spec = (
+        write_spec()
+    )  # the storage holds another study, not this one: the dashboard serves it and says the study will appear
     optuna.create_study(storage=sqlite_url, study_name="another")
     # 192.0.2.1 (TEST-NET-1) is not on this machine: the bind fails, after the warning, without exposing anything.
     res = tuner("dashboard", str(spec), "--storage", sqlite_url, "--host", "192.0.2.1", "--port", str(_free_port()))
@@ -181,19 +204,32 @@ def _get(url: str, host: str) -> tuple[int, bytes]:
 def _rows(sqlite_url: str) -> dict[str, list[tuple]]:
     engine = create_engine(sqlite_url)
     with engine.connect() as conn:
-        rows = {name: sorted(map(tuple, conn.execute(text(f'SELECT * FROM "{name}"')).all()), key=repr)
-                for name in inspect(conn).get_table_names()}
+        rows = {
+            name: sorted(map(tuple, conn.execute(text(f'SELECT * FROM "{name}"')).all()), key=repr)
+            for name in inspect(conn).get_table_names()
+        }
     engine.dispose()
     return rows
 
 
-def test_the_dashboard_refuses_a_foreign_host_header_and_writes_nothing(write_spec: SpecWriter, sqlite_url: str, tmp_path: Path) -> None:
+def test_the_dashboard_refuses_a_foreign_host_header_and_writes_nothing(
+    write_spec: SpecWriter, sqlite_url: str, tmp_path: Path
+) -> None:
     study = optuna.create_study(storage=sqlite_url, study_name="tiny")
     study.tell(study.ask(), 1.0)
     before = _rows(sqlite_url)
     port = _free_port()
-    proc = start_tuner("dashboard", str(write_spec()), "--storage", sqlite_url, "--port", str(port),
-                       "--allow-host", "tuner.internal:8080", log=tmp_path / "dashboard.log")
+    proc = start_tuner(
+        "dashboard",
+        str(write_spec()),
+        "--storage",
+        sqlite_url,
+        "--port",
+        str(port),
+        "--allow-host",
+        "tuner.internal:8080",
+        log=tmp_path / "dashboard.log",
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_until_serving(f"{base}/api/studies", proc)

@@ -10,7 +10,9 @@ REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-PROCESS = re.compile(r"issue [0-9]|the issue|issue's|previous session|this session|the session's|coordinator", re.IGNORECASE)
+PROCESS = re.compile(
+    r"issue [0-9]|the issue|issue's|previous session|this session|the session's|coordinator", re.IGNORECASE
+)
 
 
 def _toml_blocks(text: str) -> list[str]:

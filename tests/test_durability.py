@@ -16,8 +16,14 @@ FAULT = "tests.backends:FaultBackend"
 
 def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(write_spec, pg_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
-                         "run.budget": 6, "run.workers": 2})
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
+            "run.budget": 6,
+            "run.workers": 2,
+        }
+    )
     proc = start_tuner("run", str(spec), "--no-confirm", "--no-confirm", "--storage", pg_url, log=tmp_path / "run1.log")
     wait_for_file(markers / "blocked-0", proc)
     worker_pid = int((markers / "blocked-0").read_text())
@@ -42,8 +48,14 @@ def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(write_spec, pg_u
 def test_segfault_and_hang_are_classified_and_the_worker_goes_on(write_spec, sqlite_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     # The timeout ends the hang; the working trial may wait for other tests' timings (the run's shared locks): 15 s, not 3.
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "segfault", "1": "hang", "2": "error"}},
-                         "run.budget": 4, "run.trial_timeout_s": 15.0})
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "segfault", "1": "hang", "2": "error"}},
+            "run.budget": 4,
+            "run.trial_timeout_s": 15.0,
+        }
+    )
     result = tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url)
     assert result.returncode == 0, result.stderr
     ts = sorted(trials(sqlite_url, "tiny"), key=lambda t: t.number)
@@ -70,9 +82,16 @@ def test_three_workers_end_at_exactly_the_budget(write_spec, pg_url) -> None:
 
 def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(write_spec, sqlite_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"1": "block"}},
-                         "run.budget": 3})
-    proc = start_tuner("run", str(spec), "--no-confirm", "--no-confirm", "--storage", sqlite_url, log=tmp_path / "run.log")
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"1": "block"}},
+            "run.budget": 3,
+        }
+    )
+    proc = start_tuner(
+        "run", str(spec), "--no-confirm", "--no-confirm", "--storage", sqlite_url, log=tmp_path / "run.log"
+    )
     wait_for_file(markers / "blocked-1", proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
@@ -91,7 +110,9 @@ def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(write_spec
 def test_resume_with_an_incompatible_spec_is_refused(write_spec, pg_url) -> None:
     spec = write_spec(**{"run.budget": 1})
     assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
-    changed = write_spec(**{"run.budget": 3, "accuracy.tolerance": 0.5, "backend.space": {"precision": ["fp32", "fp16"]}})
+    changed = write_spec(
+        **{"run.budget": 3, "accuracy.tolerance": 0.5, "backend.space": {"precision": ["fp32", "fp16"]}}
+    )
     result = tuner("run", str(changed), "--no-confirm", "--storage", pg_url)
     assert result.returncode == 2
     err = result.stderr.strip()

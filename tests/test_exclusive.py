@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from optuna.trial import TrialState
 
 from tests.helpers import start_tuner, trials
@@ -30,8 +29,14 @@ class LockProc:
     """A real process holding a device lock on command (tests/lockproc.py)."""
 
     def __init__(self, lock_dir: Path, device: str = "host") -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.lockproc", device, str(lock_dir)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.lockproc", device, str(lock_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
 
     def send(self, command: str) -> None:
         assert self.proc.stdin is not None
@@ -116,7 +121,9 @@ def _waiting_pids(lock_dir: Path) -> set[int]:
 
     Only that directory's files count: tests running beside this one (pytest-xdist) wait on locks of their own.
     """
-    files = {f"{os.major(s.st_dev):02x}:{os.minor(s.st_dev):02x}:{s.st_ino}" for s in (p.stat() for p in lock_dir.iterdir())}
+    files = {
+        f"{os.major(s.st_dev):02x}:{os.minor(s.st_dev):02x}:{s.st_ino}" for s in (p.stat() for p in lock_dir.iterdir())
+    }
     waiting = (line.split() for line in Path("/proc/locks").read_text().splitlines() if "->" in line)
     return {int(fields[5]) for fields in waiting if fields[6] in files}
 
@@ -124,12 +131,17 @@ def _waiting_pids(lock_dir: Path) -> set[int]:
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
 @pytest.mark.parametrize("idle_build", [False, True])
 def test_a_trial_starts_and_builds_after_a_cpu_timing_unless_its_backend_leaves_the_cores_free(
-        idle_build: bool, write_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    idle_build: bool, write_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     locks, log = tmp_path / "locks", tmp_path / "builds"
     log.mkdir()
     monkeypatch.setenv("TUNER_LOCK_DIR", str(locks))  # the trial's child inherits it
-    spec = write_spec(**{"backend.name": "bench.fixed_cost:LoggedFixedCostBackend",
-                         "backend.options": {"build_s": 0.05, "idle_build": idle_build, "build_log": str(log)}})
+    spec = write_spec(
+        **{
+            "backend.name": "bench.fixed_cost:LoggedFixedCostBackend",
+            "backend.options": {"build_s": 0.05, "idle_build": idle_build, "build_log": str(log)},
+        }
+    )
     ctx = Context(load_spec(spec), "")
     job = replace(make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out"), tolerance=1.0)
     timing = LockProc(locks)  # another process's CPU timing holds the host's cores
@@ -162,14 +174,26 @@ def test_a_worker_samples_only_between_cpu_timings(write_spec, sqlite_url, tmp_p
     """Optuna's sampling (and recording) use the cores too: a worker asks for a trial only once no timing runs."""
     locks, log = tmp_path / "locks", tmp_path / "builds"
     log.mkdir()
-    spec = write_spec(**{"backend.name": "bench.fixed_cost:LoggedFixedCostBackend", "run.budget": 1,
-                         "backend.options": {"build_s": 0.0, "build_log": str(log)}})
+    spec = write_spec(
+        **{
+            "backend.name": "bench.fixed_cost:LoggedFixedCostBackend",
+            "run.budget": 1,
+            "backend.options": {"build_s": 0.0, "build_log": str(log)},
+        }
+    )
     timing = LockProc(locks)
     timing.send("exclusive")
     assert timing.reply() == "held exclusive 1"
     before = _waiting_pids(locks)
-    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url, log=tmp_path / "run.log",
-                       env={"TUNER_LOCK_DIR": str(locks)})
+    proc = start_tuner(
+        "run",
+        str(spec),
+        "--no-confirm",
+        "--storage",
+        sqlite_url,
+        log=tmp_path / "run.log",
+        env={"TUNER_LOCK_DIR": str(locks)},
+    )
     try:
         deadline = time.monotonic() + 120
         while not (_waiting_pids(locks) - before):  # an event: the worker queues on the host lock

@@ -26,8 +26,14 @@ NATIVE = {"engine.onnx", "session.json", "run_onnxruntime.py", "reproduce.sh", "
 
 def _isolated(script: Path, *args: str) -> dict:
     """Run an exported script with the venv's interpreter in isolated mode, from another directory; its JSON line."""
-    run = subprocess.run([sys.executable, "-I", str(script), *args], capture_output=True, text=True, cwd="/",
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-I", str(script), *args],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -35,8 +41,13 @@ def _isolated(script: Path, *args: str) -> dict:
 @pytest.fixture
 def study_with_two_routes(write_spec, sqlite_url):
     """A finished study of the tiny model: the default route and the same route on one intra-op thread."""
-    spec = write_spec(**{"run.budget": 2, "run.racing": False, "backend.space": {"precision": ["fp32"], "intra_op_threads": [0, 1],
-                                                                                 "execution_mode": ["sequential"]}})
+    spec = write_spec(
+        **{
+            "run.budget": 2,
+            "run.racing": False,
+            "backend.space": {"precision": ["fp32"], "intra_op_threads": [0, 1], "execution_mode": ["sequential"]},
+        }
+    )
     assert tuner("run", str(spec), "--storage", sqlite_url, "--trials", "1", "--no-confirm").returncode == 0
     study = optuna.load_study(study_name="tiny", storage=normalize_url(sqlite_url))
     study.enqueue_trial({**study.trials[0].params, "intra_op_threads": 1, "graph_optimization_level": "basic"})
@@ -44,7 +55,9 @@ def study_with_two_routes(write_spec, sqlite_url):
     return spec, sqlite_url
 
 
-def test_the_onnxruntime_export_runs_alone_in_the_session_it_was_timed_with(study_with_two_routes, tmp_path: Path) -> None:
+def test_the_onnxruntime_export_runs_alone_in_the_session_it_was_timed_with(
+    study_with_two_routes, tmp_path: Path
+) -> None:
     spec, url = study_with_two_routes
     chosen = next(t for t in trials(url, "tiny") if t.params["intra_op_threads"] == 1)
     out = tmp_path / "export"
@@ -55,8 +68,12 @@ def test_the_onnxruntime_export_runs_alone_in_the_session_it_was_timed_with(stud
     session = json.loads((out / "session.json").read_text())
     assert session["session_options"] == session_settings(chosen.params)["session_options"]  # what the timing used
     options = session["session_options"]
-    assert options["intra_op_num_threads"] == 1 and options["graph_optimization_level"] == "ORT_DISABLE_ALL"  # optimised offline
-    assert session["config_entries"] == {"session.force_spinning_stop": "1"} and session["providers"] == ["CPUExecutionProvider"]
+    assert (
+        options["intra_op_num_threads"] == 1 and options["graph_optimization_level"] == "ORT_DISABLE_ALL"
+    )  # optimised offline
+    assert session["config_entries"] == {"session.force_spinning_stop": "1"} and session["providers"] == [
+        "CPUExecutionProvider"
+    ]
     import onnxruntime as ort
 
     assert all(hasattr(ort.SessionOptions(), name) for name in options)  # ONNX Runtime's own names
@@ -65,21 +82,29 @@ def test_the_onnxruntime_export_runs_alone_in_the_session_it_was_timed_with(stud
     np.savez(tmp_path / "inputs.npz", x=rng.uniform(-1, 1, (3, 3, 16, 16)).astype(np.float32))  # 3 samples along axis 0
     ran = _isolated(out / "run_onnxruntime.py", "--data", str(tmp_path / "inputs.npz"), "--runs", "20")
     assert ran["outputs"] == {"y": [1, 10]} and ran["samples"] == 3 and ran["runs"] == 20 and ran["median_ms"] > 0
-    assert _isolated(out / "run_onnxruntime.py", "--runs", "5")["outputs"] == {"y": [1, 10]}  # random inputs of the measured shape
+    assert _isolated(out / "run_onnxruntime.py", "--runs", "5")["outputs"] == {
+        "y": [1, 10]
+    }  # random inputs of the measured shape
 
     readme = (out / "README.md").read_text()
     assert "intra-op threads (0: ORT decides) (intra_op_threads): 0 -> 1" in readme
     assert "ORT graph optimisation level (graph_optimization_level): all -> basic" in readme
     assert "execution_mode" not in readme.split("## What was measured")[0]  # unchanged knobs are not listed
-    assert "`x` [1, 3, 16, 16]" in readme and "cosine = " in readme and "peak memory" in readme and "machine: " in readme
+    assert (
+        "`x` [1, 3, 16, 16]" in readme and "cosine = " in readme and "peak memory" in readme and "machine: " in readme
+    )
     script = (out / "reproduce.sh").read_text()
     assert 'cd "$(dirname "$0")"' in script and "pip install onnxruntime==" in script and str(tmp_path) not in script
     best = tuner("best", str(spec), "--storage", url)  # plain: the verdict's route by what it changes, in words
-    assert best.returncode == 0 and "provider=cpu" not in best.stdout and "changes from the default route:" in best.stdout
+    assert (
+        best.returncode == 0 and "provider=cpu" not in best.stdout and "changes from the default route:" in best.stdout
+    )
     assert ("nothing: this is the default route" in best.stdout) != ("(intra_op_threads): 0 -> 1" in best.stdout)
 
 
-def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half_written(study_with_two_routes, tmp_path: Path) -> None:
+def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half_written(
+    study_with_two_routes, tmp_path: Path
+) -> None:
     spec, url = study_with_two_routes
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -98,7 +123,10 @@ def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half
     (out / "session.json").symlink_to(victim)
     refused = tuner("best", str(spec), "--storage", url, "--export", str(out), "--trial", "0")
     assert refused.returncode == 2 and "session.json is a symbolic link" in refused.stderr
-    assert victim.read_text() == "mine" and sorted(p.name for p in out.iterdir()) == ["notes.txt", "session.json"]  # nothing moved
+    assert victim.read_text() == "mine" and sorted(p.name for p in out.iterdir()) == [
+        "notes.txt",
+        "session.json",
+    ]  # nothing moved
     assert not list(tmp_path.glob(".out.*"))
 
     (out / "session.json").unlink()
@@ -106,16 +134,18 @@ def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half
     assert {p.name for p in out.iterdir()} == NATIVE | {"notes.txt"} and (out / "notes.txt").read_text() == "the user's"
 
 
-def test_the_bundled_models_exported_int8_route_runs_with_only_onnxruntime_and_numpy(tmp_path: Path, sqlite_url: str) -> None:
+def test_the_bundled_models_exported_int8_route_runs_with_only_onnxruntime_and_numpy(
+    tmp_path: Path, sqlite_url: str
+) -> None:
     """The bundled EfficientNet-Lite0: its default route and ONNX Runtime's recommended int8 recipe, the latter exported."""
     models = REPO / "models"
     spec = tmp_path / "effnet.toml"
     spec.write_text(f"""[study]
 name = "effnet"
 [model]
-path = "{models / 'efficientnet_lite0.onnx'}"
+path = "{models / "efficientnet_lite0.onnx"}"
 [data]
-file = "{models / 'efficientnet_lite0_val.npz'}"
+file = "{models / "efficientnet_lite0_val.npz"}"
 samples = 4
 gate_samples = 2
 [accuracy]
@@ -138,7 +168,10 @@ trial_timeout_s = 600
     int8 = next(t for t in trials(sqlite_url, "effnet") if t.params["precision"] == "int8_static")
     assert int8.user_attrs.get("feasible"), int8.user_attrs
     out = tmp_path / "winner"
-    assert tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out), "--trial", str(int8.number)).returncode == 0
+    assert (
+        tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out), "--trial", str(int8.number)).returncode
+        == 0
+    )
     ran = _isolated(out / "run_onnxruntime.py", "--data", str(models / "efficientnet_lite0_val.npz"), "--runs", "16")
     assert ran["samples"] == 16 and list(ran["outputs"].values()) == [[1, 1000]]
     readme = (out / "README.md").read_text()
@@ -149,12 +182,20 @@ def test_changes_are_the_knobs_that_differ_from_the_default_route_in_the_spaces_
     from tuner.export.describe import change_lines
     from tuner.space import Param, SearchSpace
 
-    space = SearchSpace((Param("precision", ("fp32", "fp16"), "fp32", "precision variant"),
-                         Param("keep", ("a", "b"), "a", "ops kept in fp32", when=lambda r: r["precision"] == "fp16"),
-                         Param("threads", (0, 1), 0, "intra-op threads")))
+    space = SearchSpace(
+        (
+            Param("precision", ("fp32", "fp16"), "fp32", "precision variant"),
+            Param("keep", ("a", "b"), "a", "ops kept in fp32", when=lambda r: r["precision"] == "fp16"),
+            Param("threads", (0, 1), 0, "intra-op threads"),
+        )
+    )
     default = space.default_route()
     assert change_lines(default, default, space) == ["nothing: this is the default route"]
     assert change_lines(space.complete({"precision": "fp16", "threads": 1}), default, space) == [
-        "precision variant (precision): fp32 -> fp16", "ops kept in fp32 (keep): not used by the default route -> a (the knob's default)",
-        "intra-op threads (threads): 0 -> 1"]
-    assert change_lines({**default, "threads": 1}, default) == ["threads: 0 -> 1"]  # no space here (e.g. no TensorRT): names only
+        "precision variant (precision): fp32 -> fp16",
+        "ops kept in fp32 (keep): not used by the default route -> a (the knob's default)",
+        "intra-op threads (threads): 0 -> 1",
+    ]
+    assert change_lines({**default, "threads": 1}, default) == [
+        "threads: 0 -> 1"
+    ]  # no space here (e.g. no TensorRT): names only

@@ -10,7 +10,9 @@ import pytest
 from tuner.files import atomic_path, atomic_write
 
 
-def test_atomic_write_fsyncs_the_file_before_the_rename_and_its_folder_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_atomic_write_fsyncs_the_file_before_the_rename_and_its_folder_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "result.json"
     target.write_text("old")
     synced: list[tuple[str, str]] = []  # (what the descriptor is, what `target` held at that moment)

@@ -40,7 +40,9 @@ def _parent_of(pid: int) -> int:
 
 def test_cpu_trials_are_forked_from_one_server_and_gpu_routes_are_not(write_spec: SpecWriter, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    ctx = _context(write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {}}})
+    ctx = _context(
+        write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {}}}
+    )
     route = ctx.space.default_route()
     job = make_job(ctx, route, tmp_path / "a" / "out")
     assert job.preload is not None and job.preload[0] == "tests.backends"
@@ -54,7 +56,11 @@ def test_cpu_trials_are_forked_from_one_server_and_gpu_routes_are_not(write_spec
 
 def test_a_forked_child_looks_like_a_fresh_one_and_dies_with_its_server(write_spec: SpecWriter, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    ctx = _context(write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}}})
+    ctx = _context(
+        write_spec,
+        tmp_path,
+        **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}}},
+    )
     job = make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out")
     results: list[J.Result] = []
     import threading
@@ -78,27 +84,35 @@ def test_a_forked_child_looks_like_a_fresh_one_and_dies_with_its_server(write_sp
     while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{child}").exists(), "the forked child outlived its server"
-    again = run_isolated(make_job(ctx, ctx.space.default_route(), tmp_path / "u" / "out"), tmp_path / "u")  # a new server
+    again = run_isolated(
+        make_job(ctx, ctx.space.default_route(), tmp_path / "u" / "out"), tmp_path / "u"
+    )  # a new server
     assert again.status == J.OK, again.message
 
 
-STARTER = textwrap.dedent('''
+STARTER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from tuner import job as J
     from tuner.worker.isolate import run_isolated
     run_isolated(J.Job.read(Path(sys.argv[1])), Path(sys.argv[2]))
-''')
+""")
 
 
 def test_the_forked_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec: SpecWriter, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    ctx = _context(write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}}})
+    ctx = _context(
+        write_spec,
+        tmp_path,
+        **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}}},
+    )
     job = make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out")
     ctx.reference_path  # noqa: B018 - computed here, not in the starter
     job.write(tmp_path / "job.json")
-    worker = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path / "job.json"), str(tmp_path / "t")],
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    worker = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(tmp_path / "job.json"), str(tmp_path / "t")],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     child = 0
     try:
         wait_for_file(markers / "orphan-0", worker)
@@ -120,9 +134,15 @@ def test_the_forked_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec: S
 
 
 @pytest.mark.parametrize("fault, status", [("segfault", J.CRASH_SIGNAL), ("hang", J.TIMEOUT)])
-def test_crashes_and_hangs_of_a_forked_child_are_classified_as_before(fault: str, status: str, write_spec: SpecWriter, tmp_path: Path) -> None:
+def test_crashes_and_hangs_of_a_forked_child_are_classified_as_before(
+    fault: str, status: str, write_spec: SpecWriter, tmp_path: Path
+) -> None:
     markers = tmp_path / "markers"
-    ctx = _context(write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": fault}}})
+    ctx = _context(
+        write_spec,
+        tmp_path,
+        **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": fault}}},
+    )
     job = make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out")
     job = replace(job, timeout_s=3.0) if fault == "hang" else job  # the reference above ran with the study's timeout
     assert job.preload is not None

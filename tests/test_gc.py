@@ -37,13 +37,24 @@ def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec
     feasible = sorted((t for t in ts if is_feasible(t)), key=lambda t: (t.value, t.number))
     baseline = ts[0]
     taken = {baseline.user_attrs["artifact_sha256"], feasible[0].user_attrs["artifact_sha256"]}
-    with_artifact = [t for t in reversed(feasible + ts) if t.user_attrs.get("artifact_sha256") not in taken | {None, ""}]
+    with_artifact = [
+        t for t in reversed(feasible + ts) if t.user_attrs.get("artifact_sha256") not in taken | {None, ""}
+    ]
     confirmed = with_artifact[0]  # a later-ranked trial that a confirmation measured
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
-    study.set_user_attr("confirmation", {"candidates": [{"trial": confirmed.number}], "trial": confirmed.number,  # as confirm stores it
-                                         "message": "no significant speedup", "study_best_trial": feasible[0].number})
+    study.set_user_attr(
+        "confirmation",
+        {
+            "candidates": [{"trial": confirmed.number}],
+            "trial": confirmed.number,  # as confirm stores it
+            "message": "no significant speedup",
+            "study_best_trial": feasible[0].number,
+        },
+    )
     kept = {baseline.number, feasible[0].number, confirmed.number}
-    doomed = {p for t in ts if t.number not in kept for p in _artifact(work, t)} - {p for t in ts if t.number in kept for p in _artifact(work, t)}
+    doomed = {p for t in ts if t.number not in kept for p in _artifact(work, t)} - {
+        p for t in ts if t.number in kept for p in _artifact(work, t)
+    }
     assert doomed  # the study left artifacts nobody needs
 
     before = _files(work)
@@ -51,7 +62,11 @@ def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec
     assert dry.returncode == 0, dry.stderr
     assert _files(work) == before  # a dry run removes nothing ...
     keeping = next(line for line in dry.stdout.splitlines() if line.startswith("keeping"))
-    assert f"#{baseline.number} baseline" in keeping and "best feasible #1" in keeping and f"#{confirmed.number} confirmed" in keeping
+    assert (
+        f"#{baseline.number} baseline" in keeping
+        and "best feasible #1" in keeping
+        and f"#{confirmed.number} confirmed" in keeping
+    )
     assert f"#{feasible[0].number} " in keeping and len(keeping.split("#")) - 1 >= 3
     for p in doomed:  # ... and lists each file with its size
         assert str(p.relative_to(work)) in dry.stdout
@@ -66,15 +81,21 @@ def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec
             assert all(p.exists() for p in _artifact(work, t))
             assert (next((work / "trials").iterdir()) / f"{t.number:05d}" / "result.json").exists()
     untouched = ("variants/", "data/", "optuna-artifacts/")
-    assert {k: v for k, v in before.items() if k.startswith(untouched)} == {k: v for k, v in after.items() if k.startswith(untouched)}
+    assert {k: v for k, v in before.items() if k.startswith(untouched)} == {
+        k: v for k, v in after.items() if k.startswith(untouched)
+    }
     assert any(k.startswith("variants/") for k in after)  # precision variants are kept for the routes still to come
-    export = tuner("best", str(spec), "--storage", pg_url, "--export", str(tmp_path / "out"), "--trial", str(feasible[0].number))
+    export = tuner(
+        "best", str(spec), "--storage", pg_url, "--export", str(tmp_path / "out"), "--trial", str(feasible[0].number)
+    )
     assert export.returncode == 0, export.stderr
     again = tuner("gc", str(spec), "--storage", pg_url)
     assert "would remove 0 item(s), 0 B" in again.stdout
 
 
-def test_a_size_cap_collects_after_the_run_and_never_touches_a_running_study(write_spec, pg_url, tmp_path: Path) -> None:
+def test_a_size_cap_collects_after_the_run_and_never_touches_a_running_study(
+    write_spec, pg_url, tmp_path: Path
+) -> None:
     spec = write_spec(**{"run.budget": 6, "run.sampler": "random", "run.keep_best": 1, "run.max_disk_mb": 0.001})
     run = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
     assert run.returncode == 0, run.stderr
@@ -87,7 +108,9 @@ def test_a_size_cap_collects_after_the_run_and_never_touches_a_running_study(wri
     assert {p.name[:64] for p in (work / "artifacts").iterdir()} == kept_shas
     # A trial RUNNING (a worker elsewhere): deleting is refused with one line.
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
-    study._storage.create_new_trial(study._study_id, template_trial=optuna.trial.create_trial(state=TrialState.RUNNING, params={}, distributions={}))
+    study._storage.create_new_trial(
+        study._study_id, template_trial=optuna.trial.create_trial(state=TrialState.RUNNING, params={}, distributions={})
+    )
     refused = tuner("gc", str(spec), "--storage", pg_url, "--yes")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "1 RUNNING trial(s)" in refused.stderr
@@ -95,8 +118,10 @@ def test_a_size_cap_collects_after_the_run_and_never_touches_a_running_study(wri
 
 def _lock_waiters(conn: psycopg2.extensions.connection, key: int) -> int:
     with conn.cursor() as cur:
-        cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
-                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        )
         return int(cur.fetchone()[0])
 
 
@@ -109,26 +134,43 @@ def _reaped_lease(url: str, trial_id: int, host: str, pid: int, beat_s_ago: floa
     """The lease a reaper leaves on a trial whose worker stopped beating (the worker may still be alive)."""
     conn = psycopg2.connect(url)
     with conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO tuner_leases (trial_id, study, worker, host, pid, heartbeat_at, state) VALUES "
-                    "(%s, 'tiny', 'w9', %s, %s, extract(epoch from clock_timestamp()) - %s, 'reaped') "
-                    "ON CONFLICT (trial_id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, "
-                    "heartbeat_at = EXCLUDED.heartbeat_at, state = 'reaped'", (trial_id, host, pid, beat_s_ago))
+        cur.execute(
+            "INSERT INTO tuner_leases (trial_id, study, worker, host, pid, heartbeat_at, state) VALUES "
+            "(%s, 'tiny', 'w9', %s, %s, extract(epoch from clock_timestamp()) - %s, 'reaped') "
+            "ON CONFLICT (trial_id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, "
+            "heartbeat_at = EXCLUDED.heartbeat_at, state = 'reaped'",
+            (trial_id, host, pid, beat_s_ago),
+        )
     conn.close()
 
 
-def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a_live_child_uses(write_spec, pg_url, tmp_path: Path) -> None:
-    spec = write_spec(**{"run.budget": 8, "run.sampler": "random", "run.keep_best": 1, "run.racing": False, "run.trial_timeout_s": 60.0,
-                         "run.grace_s": 30.0})
+def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a_live_child_uses(
+    write_spec, pg_url, tmp_path: Path
+) -> None:
+    spec = write_spec(
+        **{
+            "run.budget": 8,
+            "run.sampler": "random",
+            "run.keep_best": 1,
+            "run.racing": False,
+            "run.trial_timeout_s": 60.0,
+            "run.grace_s": 30.0,
+        }
+    )
     assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
     work = tmp_path / ".tuner" / "tiny"
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
     ts = sorted(study.get_trials(), key=lambda t: t.number)
     best = min((t for t in ts if is_feasible(t)), key=lambda t: (t.value, t.number))
     folders = {t.number: trial_dir(pg_url, "tiny", work, t.number) for t in ts}
-    raced, reaped_here, reaped_there, *rest = [t for t in ts if t.number not in (0, best.number) and folders[t.number].is_dir()]
+    raced, reaped_here, reaped_there, *rest = [
+        t for t in ts if t.number not in (0, best.number) and folders[t.number].is_dir()
+    ]
     assert rest, "the study needs folders nobody uses"
     study.set_user_attr("racing", {str(raced.number): {"claim": {"worker": "w1", "since": 0}}})  # being re-measured
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a reaped worker still alive here
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"]
+    )  # a reaped worker still alive here
     _reaped_lease(pg_url, oa.trial_id(reaped_here), HOST, sleeper.pid, 300)
     _reaped_lease(pg_url, oa.trial_id(reaped_there), "another-host boot=x pidns=y", 1, 30)  # beat 30 s ago elsewhere
     before = _files(work)
@@ -147,10 +189,14 @@ def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a
         while _lock_waiters(holder, study_key) == 0:  # ... and gc waits for it
             assert gc.poll() is None, f"gc did not wait for the study lock: {(tmp_path / 'gc.log').read_text()}"
             time.sleep(0.05)  # polling the lock table for the waiter gc announces there
-        asked = study._storage.create_new_trial(study._study_id, template_trial=optuna.trial.create_trial(
-            state=TrialState.RUNNING, params={}, distributions={}))  # what that worker asked for
+        asked = study._storage.create_new_trial(
+            study._study_id,
+            template_trial=optuna.trial.create_trial(state=TrialState.RUNNING, params={}, distributions={}),
+        )  # what that worker asked for
         _advisory(holder, "unlock", study_key)
-        assert gc.wait(timeout=300) == 2 and "1 RUNNING trial(s)" in (tmp_path / "gc.log").read_text()  # counted under the lock
+        assert (
+            gc.wait(timeout=300) == 2 and "1 RUNNING trial(s)" in (tmp_path / "gc.log").read_text()
+        )  # counted under the lock
         assert _files(work) == before
     finally:
         holder.close()
@@ -164,7 +210,9 @@ def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a
 
     sleeper.kill()
     sleeper.wait()
-    _reaped_lease(pg_url, oa.trial_id(reaped_there), "another-host boot=x pidns=y", 1, 2 * 60 + 30 + 1)  # past any child's life
+    _reaped_lease(
+        pg_url, oa.trial_id(reaped_there), "another-host boot=x pidns=y", 1, 2 * 60 + 30 + 1
+    )  # past any child's life
     study.set_user_attr("racing", {})
     assert tuner("gc", str(spec), "--storage", pg_url, "--yes").returncode == 0
     assert not any(folders[t.number].exists() for t in (raced, reaped_here, reaped_there))

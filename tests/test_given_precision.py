@@ -73,8 +73,9 @@ def test_no_variant_is_offered_for_an_already_quantized_model(tmp_path: Path) ->
 def test_a_pre_quantized_model_gets_no_int8_or_fp16_proposals(tmp_path: Path, write_spec, pg_url: str) -> None:
     """End to end: `tuner space` says what the model is, and a real study (real ONNX Runtime, a real worker) proposes
     only the graph as given, with no preparation for int8 variants."""
-    spec = write_spec(**{"model.path": str(_dynamic_int8(tmp_path)), "run.budget": 3, "accuracy.tolerance": 0.05,
-                           "run.racing": False})
+    spec = write_spec(
+        **{"model.path": str(_dynamic_int8(tmp_path)), "run.budget": 3, "accuracy.tolerance": 0.05, "run.racing": False}
+    )
     listed = tuner("space", str(spec))
     assert listed.returncode == 0, listed.stderr
     assert "precision: the model is already quantized (DynamicQuantizeLinear x3, ConvInteger x2" in listed.stdout
@@ -84,8 +85,10 @@ def test_a_pre_quantized_model_gets_no_int8_or_fp16_proposals(tmp_path: Path, wr
     ran = trials(pg_url, "tiny")
     assert len(ran) >= 3 and {t.params["precision"] for t in ran} == {"fp32"}
     assert not any(t.user_attrs.get("failure_class") in ("build-error", "known-failure") for t in ran)
-    restricted = write_spec("restricted.toml", **{"model.path": str(tmp_path / "quantized.onnx"),
-                                                   "backend.space": {"precision": ["fp32", "int8_dynamic"]}})
+    restricted = write_spec(
+        "restricted.toml",
+        **{"model.path": str(tmp_path / "quantized.onnx"), "backend.space": {"precision": ["fp32", "int8_dynamic"]}},
+    )
     refused = tuner("space", str(restricted))
     assert refused.returncode == 2 and "backend.space.precision" in refused.stderr
     assert "already quantized" in refused.stderr

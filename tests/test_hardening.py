@@ -34,6 +34,7 @@ FAULT = "tests.backends:FaultBackend"
 
 # -- helpers -------------------------------------------------------------------------------------
 
+
 def processes() -> Iterator[tuple[int, bytes, bytes]]:
     """(pid, command line, environment) of every process we can read."""
     for entry in Path("/proc").iterdir():
@@ -59,7 +60,9 @@ def wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], limit_s: 
     deadline = time.monotonic() + limit_s
     while text not in log.read_text(errors="replace"):
         if proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before {text!r} was logged: {log.read_text()[-2000:]}")
+            raise AssertionError(
+                f"process exited ({proc.returncode}) before {text!r} was logged: {log.read_text()[-2000:]}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"{text!r} not logged within {limit_s} s: {log.read_text()[-2000:]}")
         time.sleep(0.05)
@@ -85,13 +88,22 @@ def cached_statuses(url: str) -> list[str]:
 
 # -- item 1: no password on any command line -------------------------------------------------------
 
+
 def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path: Path) -> None:
     secret = "s3cret-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
     url = pg_url.replace("postgres@", f"postgres:{secret}@")  # trust auth here: the password is carried, not checked
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
-                         "run.budget": 2, "run.workers": 2})
-    proc = start_tuner("run", str(spec), "--no-confirm", log=tmp_path / "run.log", env={"TUNER_STORAGE": url, "PGPASSWORD": secret})
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
+            "run.budget": 2,
+            "run.workers": 2,
+        }
+    )
+    proc = start_tuner(
+        "run", str(spec), "--no-confirm", log=tmp_path / "run.log", env={"TUNER_STORAGE": url, "PGPASSWORD": secret}
+    )
     try:
         wait_for_file(markers / "blocked-0", proc)  # workers and a trial's child are running now
         seen = [(pid, cmd, env) for pid, cmd, env in processes() if str(tmp_path).encode() in cmd]  # this test's
@@ -99,8 +111,12 @@ def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path
         children = [pid for pid, cmd, _ in seen if b"tuner.worker.child" in cmd]
         assert children, "no trial child found"
         assert not [cmd for _, cmd, _ in seen if secret.encode() in cmd]
-        assert not [pid for pid, cmd, env in seen if b"tuner.worker.child" in cmd and secret.encode() in env]  # no URL, no PGPASSWORD
-        assert not [pid for pid, cmd, env in seen if b"tuner.worker.child" in cmd and b"\0PG" in b"\0" + env]  # no libpq variable
+        assert not [
+            pid for pid, cmd, env in seen if b"tuner.worker.child" in cmd and secret.encode() in env
+        ]  # no URL, no PGPASSWORD
+        assert not [
+            pid for pid, cmd, env in seen if b"tuner.worker.child" in cmd and b"\0PG" in b"\0" + env
+        ]  # no libpq variable
         (markers / "release").write_text("")
         assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
@@ -110,15 +126,23 @@ def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path
 
 # -- item 2: environment errors ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("code", ["ENOSPC", "EIO", "EACCES", "ESTALE", "ETIMEDOUT"])
 def test_an_environment_error_is_run_again_and_never_cached(write_spec, pg_url, tmp_path: Path, code: str) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": f"errno-{code}"}},
-                         "run.budget": 1})
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": f"errno-{code}"}},
+            "run.budget": 1,
+        }
+    )
     result = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
     assert result.returncode == 0, result.stderr
     (t,) = trials(pg_url, "tiny")
-    assert t.state == TrialState.COMPLETE and t.user_attrs["failure_class"] == ""  # the second run of its child built it
+    assert (
+        t.state == TrialState.COMPLETE and t.user_attrs["failure_class"] == ""
+    )  # the second run of its child built it
     assert len(list(markers.glob("build-*"))) == 2
     assert cached_statuses(pg_url) == [J.OK]
 
@@ -128,7 +152,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs (a real disk that can fill up); needs root."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     try:
@@ -152,7 +178,9 @@ def fill(disk: Path) -> Path:
     return filler
 
 
-def test_a_full_work_dir_pauses_the_worker_and_poisons_nothing(write_spec, pg_url, small_disk: Path, tmp_path: Path) -> None:
+def test_a_full_work_dir_pauses_the_worker_and_poisons_nothing(
+    write_spec, pg_url, small_disk: Path, tmp_path: Path
+) -> None:
     spec = write_spec(**{"study.work_dir": str(small_disk / "work"), "run.budget": 1})
     assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0  # reference, feeds, baseline
     filler = fill(small_disk)
@@ -169,7 +197,9 @@ def test_a_full_work_dir_pauses_the_worker_and_poisons_nothing(write_spec, pg_ur
     env_errors = [t for t in ts if t.user_attrs.get("failure_class") == J.ENVIRONMENT_ERROR]
     assert env_errors and all(t.state == TrialState.FAIL for t in env_errors)
     counted = (TrialState.COMPLETE, TrialState.PRUNED)
-    assert all(any(r.params == t.params and r.state in counted for r in ts) for t in env_errors)  # each route ran again, to the end
+    assert all(
+        any(r.params == t.params and r.state in counted for r in ts) for t in env_errors
+    )  # each route ran again, to the end
     assert set(cached_statuses(pg_url)) == {J.OK}
     s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
     assert s["complete"] + s["pruned"] + s["failed"] == 3 and s["running"] == 0 and s["waiting"] == 0
@@ -177,10 +207,16 @@ def test_a_full_work_dir_pauses_the_worker_and_poisons_nothing(write_spec, pg_ur
 
 # -- item 3: children die with their worker, and at their own deadline --------------------------
 
+
 def test_the_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec, pg_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}},
-                         "run.budget": 2})
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}},
+            "run.budget": 2,
+        }
+    )
     proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
     child = 0
     try:
@@ -200,14 +236,26 @@ def test_the_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec, pg_url, 
 
 def test_a_hung_child_ends_itself_at_its_deadline(write_spec, sqlite_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "hang"}}})
+    spec = write_spec(
+        **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "hang"}}}
+    )
     ctx = Context(load_spec(spec), sqlite_url)
     job = replace(make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out"), timeout_s=1.0)
     (tmp_path / "t").mkdir()
     job.write(tmp_path / "t" / "job.json")
     # Started directly, with nobody to enforce the timeout: the child's own alarm must end it.
-    child = subprocess.Popen([sys.executable, "-m", "tuner.worker.child", str(tmp_path / "t" / "job.json"), str(tmp_path / "t" / "result.json")],
-                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuner.worker.child",
+            str(tmp_path / "t" / "job.json"),
+            str(tmp_path / "t" / "result.json"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert child.wait(timeout=120) == -signal.SIGALRM
     finally:
@@ -217,7 +265,7 @@ def test_a_hung_child_ends_itself_at_its_deadline(write_spec, sqlite_url, tmp_pa
 
 # -- item 8: signals at awkward moments -------------------------------------------------------------
 
-SIGNAL_IN_POPEN = '''
+SIGNAL_IN_POPEN = """
 import os, signal, sys
 
 def _hook(event, args):
@@ -225,7 +273,7 @@ def _hook(event, args):
         os.kill(os.getpid(), signal.SIGTERM)  # arrives while the worker is inside Popen
 
 sys.addaudithook(_hook)
-'''
+"""
 
 
 def test_sigterm_while_the_child_is_being_started_stops_the_worker(write_spec, sqlite_url, tmp_path: Path) -> None:
@@ -233,8 +281,15 @@ def test_sigterm_while_the_child_is_being_started_stops_the_worker(write_spec, s
     site.mkdir()
     (site / "sitecustomize.py").write_text(SIGNAL_IN_POPEN)
     spec = write_spec(**{"run.budget": 2})
-    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url, log=tmp_path / "run.log",
-                       env={"PYTHONPATH": f"{site}:{REPO}"})
+    proc = start_tuner(
+        "run",
+        str(spec),
+        "--no-confirm",
+        "--storage",
+        sqlite_url,
+        log=tmp_path / "run.log",
+        env={"PYTHONPATH": f"{site}:{REPO}"},
+    )
     try:
         assert proc.wait(timeout=180) == 0, (tmp_path / "run.log").read_text()[-3000:]  # on main: hung for ever
     finally:
@@ -253,10 +308,12 @@ def _wait_for_lock_waiter(conn: psycopg2.extensions.connection, key: int, proc: 
     deadline = time.monotonic() + 120
     with conn.cursor() as cur:
         while True:
-            cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                        "AND classid = %s::oid AND objid = %s::oid AND objsubid = 1 "
-                        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+            cur.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND classid = %s::oid AND objid = %s::oid AND objsubid = 1 "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+            )
             if cur.fetchone()[0]:
                 return
             assert proc.poll() is None, "tuner run exited before it waited for the study lock"
@@ -266,7 +323,9 @@ def _wait_for_lock_waiter(conn: psycopg2.extensions.connection, key: int, proc: 
 
 def test_a_stop_during_reserve_runs_no_trial(write_spec, pg_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {}}, "run.budget": 1})
+    spec = write_spec(
+        **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {}}, "run.budget": 1}
+    )
     assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
     builds = len(list(markers.glob("build-*")))
     key = _lock_key("tiny")
@@ -280,7 +339,9 @@ def test_a_stop_during_reserve_runs_no_trial(write_spec, pg_url, tmp_path: Path)
             cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
             cur.execute("SELECT pg_advisory_lock(%s)", (key,))  # queued behind it: ours again once it is done
             _wait_for_lock_waiter(holder, key, proc)  # now the worker, in reserve
-            (worker,) = [pid for pid, cmd, _ in processes() if b"tuner.worker.main" in cmd and str(spec).encode() in cmd]
+            (worker,) = [
+                pid for pid, cmd, _ in processes() if b"tuner.worker.main" in cmd and str(spec).encode() in cmd
+            ]
             os.kill(worker, signal.SIGTERM)
             cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
         assert proc.wait(timeout=180) == 0, (tmp_path / "run.log").read_text()[-3000:]
@@ -295,10 +356,16 @@ def test_a_stop_during_reserve_runs_no_trial(write_spec, pg_url, tmp_path: Path)
 
 # -- item 9: artifacts are checked -------------------------------------------------------------------
 
+
 def test_an_artifact_outside_the_out_dir_is_refused(write_spec, sqlite_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "outside"}},
-                         "run.budget": 1})
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "outside"}},
+            "run.budget": 1,
+        }
+    )
     assert tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url).returncode == 0
     (t,) = trials(sqlite_url, "tiny")
     assert t.state == TrialState.PRUNED and t.user_attrs["failure_class"] == J.BUILD_ERROR
@@ -313,7 +380,9 @@ def test_export_refuses_an_artifact_changed_since_it_was_recorded(write_spec, sq
     (stored,) = (spec.parent / ".tuner" / "tiny" / "artifacts").glob(f"{t.user_attrs['artifact_sha256']}*")
     with open(stored, "ab") as f:
         f.write(b"tampered")
-    result = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(tmp_path / "out"), "--trial", str(t.number))
+    result = tuner(
+        "best", str(spec), "--storage", sqlite_url, "--export", str(tmp_path / "out"), "--trial", str(t.number)
+    )
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "changed since it was recorded" in result.stderr
     assert not list((tmp_path / "out").glob("engine*"))

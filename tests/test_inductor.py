@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import REPO, SpecWriter, tuner
 from tests.helpers import trial_dir
+from tuner import job as J
 from tuner.backends import get_backend
 from tuner.backends.base import Artifact, BuildContext, BuildError, ModelInfo
 from tuner.measure.gpu_timing import GpuTimingError
@@ -34,7 +35,6 @@ from tuner.measure.inputs import save_feeds
 from tuner.measure.reference import compute_reference
 from tuner.objective import ObjectiveSpec
 from tuner.store.urls import normalize_url
-from tuner import job as J
 from tuner.worker.isolate import run_isolated
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -44,8 +44,11 @@ SHAPE = (2, 16)
 
 def _weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
-    return (rng.normal(0, 0.3, (18, 32)).astype(np.float32), rng.normal(0, 0.1, (32,)).astype(np.float32),
-            rng.normal(0, 0.3, (32, 4)).astype(np.float32))
+    return (
+        rng.normal(0, 0.3, (18, 32)).astype(np.float32),
+        rng.normal(0, 0.1, (32,)).astype(np.float32),
+        rng.normal(0, 0.3, (32, 4)).astype(np.float32),
+    )
 
 
 def mlp_onnx(path: Path) -> Path:
@@ -57,15 +60,24 @@ def mlp_onnx(path: Path) -> Path:
     """
     w1, b1, w2 = _weights()
     graph = helper.make_graph(
-        [helper.make_node("Pad", ["x", "pads"], ["p"]),
-         helper.make_node("MatMul", ["p", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["a"]),
-         helper.make_node("Relu", ["a"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["m"]),
-         helper.make_node("Reshape", ["m", "shape"], ["y"])],
-        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
+        [
+            helper.make_node("Pad", ["x", "pads"], ["p"]),
+            helper.make_node("MatMul", ["p", "w1"], ["h"]),
+            helper.make_node("Add", ["h", "b1"], ["a"]),
+            helper.make_node("Relu", ["a"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["m"]),
+            helper.make_node("Reshape", ["m", "shape"], ["y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [SHAPE[0], 4])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"), numpy_helper.from_array(w2, "w2"),
-         numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape"),
-         numpy_helper.from_array(np.array([0, 1, 0, 1], dtype=np.int64), "pads")],
+        [
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(b1, "b1"),
+            numpy_helper.from_array(w2, "w2"),
+            numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape"),
+            numpy_helper.from_array(np.array([0, 1, 0, 1], dtype=np.int64), "pads"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -112,15 +124,19 @@ def mlp(tmp_path: Path) -> tuple[Path, list[dict[str, np.ndarray]]]:
     return mlp_onnx(tmp_path / "mlp.onnx"), [{"x": rng.uniform(-1, 1, SHAPE).astype(np.float32)} for _ in range(2)]
 
 
-def _ctx(tmp_path: Path, model: Path, feeds: list[dict[str, np.ndarray]], options: dict[str, Any], out: str = "out") -> BuildContext:
+def _ctx(
+    tmp_path: Path, model: Path, feeds: list[dict[str, np.ndarray]], options: dict[str, Any], out: str = "out"
+) -> BuildContext:
     return BuildContext(ModelInfo(model, {"x": SHAPE}, options), tmp_path / "work", tmp_path / out, feeds)
 
 
 def test_imports_and_registers_without_torch() -> None:
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import tuner.backends.inductor, tuner.measure.gpu_timing\n"
-            "from tuner.backends import get_backend\n"
-            "print(get_backend('inductor').name)")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import tuner.backends.inductor, tuner.measure.gpu_timing\n"
+        "from tuner.backends import get_backend\n"
+        "print(get_backend('inductor').name)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "inductor"
@@ -178,10 +194,21 @@ def test_unknown_switch_fails_the_trial_with_its_class(tmp_path: Path, mlp: tupl
     save_feeds(feeds_path, feeds)
     save_feeds(ref_path, compute_reference(model, feeds))
     job = J.Job(
-        backend="inductor", route={"mode": "default", "precision": "fp32"}, model_path=str(model), input_shapes={"x": list(SHAPE)},
-        options={"device": "cpu", "inductor_config": {"no_such_switch": True}}, work_dir=str(tmp_path / "work"),
-        out_dir=str(tmp_path / "out"), feeds_path=str(feeds_path), reference_path=str(ref_path), metric="max_abs",
-        tolerance=1e-3, atol=1e-3, rtol=1e-3, gate_samples=1, timeout_s=120,
+        backend="inductor",
+        route={"mode": "default", "precision": "fp32"},
+        model_path=str(model),
+        input_shapes={"x": list(SHAPE)},
+        options={"device": "cpu", "inductor_config": {"no_such_switch": True}},
+        work_dir=str(tmp_path / "work"),
+        out_dir=str(tmp_path / "out"),
+        feeds_path=str(feeds_path),
+        reference_path=str(ref_path),
+        metric="max_abs",
+        tolerance=1e-3,
+        atol=1e-3,
+        rtol=1e-3,
+        gate_samples=1,
+        timeout_s=120,
         objective=ObjectiveSpec(warmup_s=0.0, min_repeats=2, min_duration_s=0.0),
     )
     result = run_isolated(job, tmp_path / "trial")
@@ -190,7 +217,9 @@ def test_unknown_switch_fails_the_trial_with_its_class(tmp_path: Path, mlp: tupl
 
 
 @needs_torch
-def test_onnx_route_builds_runs_and_reloads_from_its_artifact(tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str) -> None:
+def test_onnx_route_builds_runs_and_reloads_from_its_artifact(
+    tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str
+) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
     from tuner.backends.inductor.engine import Engine
 
@@ -205,7 +234,9 @@ def test_onnx_route_builds_runs_and_reloads_from_its_artifact(tmp_path: Path, ml
         code = tar.extractfile("graph_000.py").read().decode()  # type: ignore[union-attr]
         manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
     assert "cpp_fused" in code and "def call(" in code  # Inductor's own output code, C++ kernel inline
-    assert manifest["route"] == route and manifest["graphs"] == 1 and manifest["device"] == "cpu"  # one graph: no break at Pad or Reshape
+    assert (
+        manifest["route"] == route and manifest["graphs"] == 1 and manifest["device"] == "cpu"
+    )  # one graph: no break at Pad or Reshape
     assert isinstance(artifact.handle, Engine)  # the in-process engine travels on the artifact to `load`
     with backend.load(artifact, route, ctx) as runner:
         assert runner.engine is artifact.handle  # not compiled a second time
@@ -223,7 +254,9 @@ def test_onnx_route_builds_runs_and_reloads_from_its_artifact(tmp_path: Path, ml
     assert _sha(rebuilt.path) == _sha(artifact.path)  # same route, same code: same artifact bytes
     log: list[str] = []
     stored = Artifact(artifact.path, artifact.build_s, artifact.info)  # as read back in another process: no handle
-    with backend.load(stored, route, BuildContext(again.model, again.work_dir, tmp_path / "load", feeds, log=log.append)) as reloaded:
+    with backend.load(
+        stored, route, BuildContext(again.model, again.work_dir, tmp_path / "load", feeds, log=log.append)
+    ) as reloaded:
         assert reloaded.engine is not artifact.handle
         np.testing.assert_array_equal(reloaded.infer(feeds[0])["y"], outputs[0]["y"])
     assert log == []  # recompiled to the same code as the stored artifact
@@ -248,12 +281,30 @@ def test_module_function_source_in_bf16(tmp_path: Path, mlp: tuple[Path, Any], s
 
 @needs_torch
 @pytest.mark.slow
-def test_inductor_study_end_to_end(tmp_path: Path, mlp: tuple[Path, Any], write_spec: SpecWriter, pg_url: str, shared_cache: str) -> None:
+def test_inductor_study_end_to_end(
+    tmp_path: Path, mlp: tuple[Path, Any], write_spec: SpecWriter, pg_url: str, shared_cache: str
+) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
-    fixed = {"mode": ["default"], "precision": ["fp32"], "epilogue_fusion": [True], "aggressive_fusion": [False],
-             "max_fusion_size": [64], "pattern_matcher": [True], "freezing": [False]}
-    spec = write_spec(**{"model.path": str(mlp[0]), "backend.name": "inductor", "backend.options": {"device": "cpu"},
-                         "backend.space": fixed, "accuracy.metric": "max_abs", "accuracy.tolerance": 1e-4, "run.budget": 2})
+    fixed = {
+        "mode": ["default"],
+        "precision": ["fp32"],
+        "epilogue_fusion": [True],
+        "aggressive_fusion": [False],
+        "max_fusion_size": [64],
+        "pattern_matcher": [True],
+        "freezing": [False],
+    }
+    spec = write_spec(
+        **{
+            "model.path": str(mlp[0]),
+            "backend.name": "inductor",
+            "backend.options": {"device": "cpu"},
+            "backend.space": fixed,
+            "accuracy.metric": "max_abs",
+            "accuracy.tolerance": 1e-4,
+            "run.budget": 2,
+        }
+    )
     proc = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", env={"TORCHINDUCTOR_CACHE_DIR": shared_cache})
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
@@ -272,8 +323,9 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-
-def test_the_export_snippet_compiles_the_route_as_the_trial_did(tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str) -> None:
+def test_the_export_snippet_compiles_the_route_as_the_trial_did(
+    tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str
+) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
     import os
 
@@ -284,18 +336,37 @@ def test_the_export_snippet_compiles_the_route_as_the_trial_did(tmp_path: Path, 
     route = {**backend.space(ModelInfo(model, {"x": SHAPE}, {"device": "cpu"})).default_route(), "freezing": True}
     artifact = backend.build(route, _ctx(tmp_path, model, feeds, {"device": "cpu"}))
     recorded = json.loads(json.dumps(dict(artifact.info), default=str))  # as the trial's build_info keeps it
-    request = ExportRequest(route=route, artifact=artifact.path, build_info=recorded, model=ModelInfo(model, {"x": SHAPE}, {"device": "cpu"}),
-                            work_dir=tmp_path / "work", backend_version=backend.version(),
-                            inputs={"x": {"shape": list(SHAPE), "dtype": "float32", "batch_axis": 0}}, shapes=[])
+    request = ExportRequest(
+        route=route,
+        artifact=artifact.path,
+        build_info=recorded,
+        model=ModelInfo(model, {"x": SHAPE}, {"device": "cpu"}),
+        work_dir=tmp_path / "work",
+        backend_version=backend.version(),
+        inputs={"x": {"shape": list(SHAPE), "dtype": "float32", "batch_axis": 0}},
+        shapes=[],
+    )
     d = backend.deployment(request)
-    assert d.artifact_name == "inductor.tar" and d.files["model.onnx"] == model and d.commands == ["python3 compile_inductor.py"]
+    assert (
+        d.artifact_name == "inductor.tar"
+        and d.files["model.onnx"] == model
+        and d.commands == ["python3 compile_inductor.py"]
+    )
     snippet = str(d.files["compile_inductor.py"])
-    assert "torch.compile(module, options=OPTIONS)" in snippet and "'freezing': True" in snippet  # the recorded configuration
+    assert (
+        "torch.compile(module, options=OPTIONS)" in snippet and "'freezing': True" in snippet
+    )  # the recorded configuration
     out = tmp_path / "export"
     out.mkdir()
     (out / "compile_inductor.py").write_text(snippet)
     (out / "model.onnx").write_bytes(model.read_bytes())
-    ran = subprocess.run([sys.executable, str(out / "compile_inductor.py")], capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": shared_cache})
+    ran = subprocess.run(
+        [sys.executable, str(out / "compile_inductor.py")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": shared_cache},
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.strip().splitlines()[-1] == "[[2, 4]]"

@@ -65,15 +65,23 @@ def _study(tmp_path: Path, data: str, model: str = MODEL, name: str = "vad") -> 
 def _data_file(tmp_path: Path, sr: np.ndarray) -> Path:
     rng = np.random.default_rng(1)
     path = tmp_path / "vad.npz"
-    np.savez(path, input=rng.uniform(-0.5, 0.5, (4, 512)).astype(np.float32),
-             state=np.zeros((2, 4, 128), np.float32) + np.arange(4, dtype=np.float32)[None, :, None], sr=sr)
+    np.savez(
+        path,
+        input=rng.uniform(-0.5, 0.5, (4, 512)).astype(np.float32),
+        state=np.zeros((2, 4, 128), np.float32) + np.arange(4, dtype=np.float32)[None, :, None],
+        sr=sr,
+    )
     return path
 
 
 def test_the_issue_example_gives_constant_scalars_states_and_ranged_inputs(tmp_path: Path) -> None:
     spec = load_spec(_study(tmp_path, CONSTANTS))
     assert spec.model.inputs == {"input": (1, 512), "state": (2, 1, 128), "sr": ()}
-    assert spec.model.batch_axis("state") == 1 and spec.model.batch_axis("input") == 0 and spec.model.batch_axis("sr") is None
+    assert (
+        spec.model.batch_axis("state") == 1
+        and spec.model.batch_axis("input") == 0
+        and spec.model.batch_axis("sr") is None
+    )
     feeds = load_feeds(spec)
     assert len(feeds) == 4
     for feed in feeds:
@@ -105,7 +113,11 @@ def test_a_data_file_holds_scalars_and_states_batched_on_axis_1(tmp_path: Path, 
 
 def test_a_study_file_constant_overrides_an_input_missing_from_the_data_file(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
-    np.savez(tmp_path / "vad.npz", input=rng.uniform(-0.5, 0.5, (4, 512)).astype(np.float32), state=np.zeros((2, 4, 128), np.float32))
+    np.savez(
+        tmp_path / "vad.npz",
+        input=rng.uniform(-0.5, 0.5, (4, 512)).astype(np.float32),
+        state=np.zeros((2, 4, 128), np.float32),
+    )
     feeds = load_feeds(load_spec(_study(tmp_path, 'file = "vad.npz"\n[data.inputs.sr]\nvalue = 16000\n')))
     assert [int(f["sr"]) for f in feeds] == [16000] * 4
 
@@ -122,24 +134,80 @@ def test_a_scalar_and_axis_1_state_model_runs_end_to_end(source: str, tmp_path: 
     done = trials(sqlite_url, "vad")
     assert len(done) == 3 and all(t.state.name != "FAIL" for t in done), [t.user_attrs for t in done]
     # every trial built, ran and was judged (timed, infeasible or pruned as slow): none failed
-    assert all(J.OUTCOMES[t.user_attrs.get("failure_class") or J.OK].tally != "failed" for t in done), [(t.params.get("precision"), t.user_attrs.get("failure_class"), t.user_attrs.get("message")) for t in done]
+    assert all(J.OUTCOMES[t.user_attrs.get("failure_class") or J.OK].tally != "failed" for t in done), [
+        (t.params.get("precision"), t.user_attrs.get("failure_class"), t.user_attrs.get("message")) for t in done
+    ]
     baseline = next(t for t in done if t.user_attrs.get("source") == "baseline")
     assert baseline.user_attrs["accuracy"]["value"] < 1e-6
 
 
 BAD = {
-    "scalar shape for a vector": ("inputs.input.shape = [1, 512]", "inputs.input.shape = []", "", "model.inputs.input.shape", "does not match"),
-    "batch axis out of range": ("inputs.state.batch_axis = 1", "inputs.state.batch_axis = 3", "", "model.inputs.state.batch_axis", "0 to 2"),
-    "batch axis of a scalar": ("inputs.sr.shape = []", "inputs.sr = { shape = [], batch_axis = 0 }", "", "model.inputs.sr.batch_axis", "no batch axis"),
-    "unknown input key": ("inputs.sr.shape = []", "inputs.sr = { shape = [], axis = 0 }", "", "model.inputs.sr", "batch_axis"),
-    "float value for an int input": (None, None, "[data.inputs.sr]\nvalue = 16000.5\n", "data.inputs.sr.value", "integer"),
-    "bool value for a float input": (None, None, "[data.inputs.state]\nvalue = true\n", "data.inputs.state.value", "number"),
-    "value and range": (None, None, "[data.inputs.input]\nvalue = 0.0\nlow = 1.0\n", "data.inputs.input.value", "not both"),
+    "scalar shape for a vector": (
+        "inputs.input.shape = [1, 512]",
+        "inputs.input.shape = []",
+        "",
+        "model.inputs.input.shape",
+        "does not match",
+    ),
+    "batch axis out of range": (
+        "inputs.state.batch_axis = 1",
+        "inputs.state.batch_axis = 3",
+        "",
+        "model.inputs.state.batch_axis",
+        "0 to 2",
+    ),
+    "batch axis of a scalar": (
+        "inputs.sr.shape = []",
+        "inputs.sr = { shape = [], batch_axis = 0 }",
+        "",
+        "model.inputs.sr.batch_axis",
+        "no batch axis",
+    ),
+    "unknown input key": (
+        "inputs.sr.shape = []",
+        "inputs.sr = { shape = [], axis = 0 }",
+        "",
+        "model.inputs.sr",
+        "batch_axis",
+    ),
+    "float value for an int input": (
+        None,
+        None,
+        "[data.inputs.sr]\nvalue = 16000.5\n",
+        "data.inputs.sr.value",
+        "integer",
+    ),
+    "bool value for a float input": (
+        None,
+        None,
+        "[data.inputs.state]\nvalue = true\n",
+        "data.inputs.state.value",
+        "number",
+    ),
+    "value and range": (
+        None,
+        None,
+        "[data.inputs.input]\nvalue = 0.0\nlow = 1.0\n",
+        "data.inputs.input.value",
+        "not both",
+    ),
     "empty range": (None, None, "[data.inputs.input]\nlow = 0.5\nhigh = 0.5\n", "data.inputs.input.high", "above low"),
-    "float range for an int input": (None, None, "[data.inputs.sr]\nlow = 0.5\nhigh = 2\n", "data.inputs.sr.low", "integer"),
+    "float range for an int input": (
+        None,
+        None,
+        "[data.inputs.sr]\nlow = 0.5\nhigh = 2\n",
+        "data.inputs.sr.low",
+        "integer",
+    ),
     "unknown input": (None, None, "[data.inputs.audio]\nvalue = 1.0\n", "data.inputs.audio", "no such input"),
     "unknown field": (None, None, "[data.inputs.sr]\nconstant = 1\n", "data.inputs.sr", "value"),
-    "range with a data file": (None, None, 'file = "vad.npz"\n[data.inputs.input]\nlow = 0.0\n', "data.inputs.input.low", "generated"),
+    "range with a data file": (
+        None,
+        None,
+        'file = "vad.npz"\n[data.inputs.input]\nlow = 0.0\n',
+        "data.inputs.input.low",
+        "generated",
+    ),
 }
 
 
@@ -154,15 +222,23 @@ def test_bad_inputs_fail_in_one_line_naming_the_field(case: str, tmp_path: Path)
     assert len(message.splitlines()) == 1 and f": {field}: " in message and needle in message, message
 
 
-@pytest.mark.parametrize("arrays,needle", [
-    ({"sr": np.full((4, 1), 16000, np.int64)}, "a 1-D array (one value per sample) or a 0-D array"),
-    ({"sr": np.full(2, 16000, np.int64)}, "one per sample"),
-    ({"state": np.zeros((4, 2, 128), np.float32)}, "expected [2, N, 128] (samples along axis 1)"),
-    ({"state": np.zeros((2, 3, 128), np.float32)}, "needs 4"),
-    ({"sr": np.array(16000, np.int32)}, "the model's input is int64"),
-], ids=["2-D scalar", "too few scalars", "batch on the wrong axis", "too few states", "wrong dtype"])
+@pytest.mark.parametrize(
+    "arrays,needle",
+    [
+        ({"sr": np.full((4, 1), 16000, np.int64)}, "a 1-D array (one value per sample) or a 0-D array"),
+        ({"sr": np.full(2, 16000, np.int64)}, "one per sample"),
+        ({"state": np.zeros((4, 2, 128), np.float32)}, "expected [2, N, 128] (samples along axis 1)"),
+        ({"state": np.zeros((2, 3, 128), np.float32)}, "needs 4"),
+        ({"sr": np.array(16000, np.int32)}, "the model's input is int64"),
+    ],
+    ids=["2-D scalar", "too few scalars", "batch on the wrong axis", "too few states", "wrong dtype"],
+)
 def test_bad_data_files_name_the_array_in_one_line(arrays: dict, needle: str, tmp_path: Path) -> None:
-    base = {"input": np.zeros((4, 512), np.float32), "state": np.zeros((2, 4, 128), np.float32), "sr": np.array(16000, np.int64)}
+    base = {
+        "input": np.zeros((4, 512), np.float32),
+        "state": np.zeros((2, 4, 128), np.float32),
+        "sr": np.array(16000, np.int64),
+    }
     np.savez(tmp_path / "vad.npz", **{**base, **arrays})
     study = _study(tmp_path, 'file = "vad.npz"\n')
     result = tuner("run", str(study), "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}")

@@ -28,7 +28,12 @@ def resources() -> list[dict[str, Any]]:
 
 
 def _one(resources: list[dict[str, Any]], kind: str, component: str | None = None) -> dict[str, Any]:
-    (found,) = [r for r in resources if r["kind"] == kind and (component is None or r["metadata"]["labels"].get("app.kubernetes.io/component") == component)]
+    (found,) = [
+        r
+        for r in resources
+        if r["kind"] == kind
+        and (component is None or r["metadata"]["labels"].get("app.kubernetes.io/component") == component)
+    ]
     return found
 
 
@@ -41,7 +46,9 @@ def test_every_resource_validates_against_the_kubernetes_schema(resources: list[
     for r in resources:
         kubernetes_validate.validate(r, KUBERNETES, strict=True)  # raises on a wrong type or an unknown field
     typo = copy.deepcopy(_one(resources, "Job"))
-    typo["spec"]["template"]["spec"]["containers"][0]["resource"] = typo["spec"]["template"]["spec"]["containers"][0].pop("resources")
+    typo["spec"]["template"]["spec"]["containers"][0]["resource"] = typo["spec"]["template"]["spec"]["containers"][
+        0
+    ].pop("resources")
     with pytest.raises(kubernetes_validate.ValidationError):  # the check can fail
         kubernetes_validate.validate(typo, KUBERNETES, strict=True)
 
@@ -53,15 +60,22 @@ def test_an_indexed_job_runs_one_worker_per_gpu_against_one_postgresql(resources
     assert worker["resources"]["limits"] == {"nvidia.com/gpu": 1}
     assert worker["args"][0] == "run" and worker["args"][worker["args"].index("--gpus") + 1] == "0"
     database = _one(resources, "StatefulSet", "database")
-    assert database["spec"]["replicas"] == 1 and database["spec"]["serviceName"] == _one(resources, "Service", "database")["metadata"]["name"]
+    assert (
+        database["spec"]["replicas"] == 1
+        and database["spec"]["serviceName"] == _one(resources, "Service", "database")["metadata"]["name"]
+    )
     (postgres,) = database["spec"]["template"]["spec"]["containers"]
     assert postgres["image"].startswith("postgres:")
-    assert [e for e in postgres["env"] if e["name"] == "POSTGRES_PASSWORD"][0]["valueFrom"]["secretKeyRef"]["name"] == "route-tuner-db"
+    assert [e for e in postgres["env"] if e["name"] == "POSTGRES_PASSWORD"][0]["valueFrom"]["secretKeyRef"][
+        "name"
+    ] == "route-tuner-db"
 
 
 def test_the_storage_url_comes_only_from_the_secret(resources: list[dict[str, Any]]) -> None:
     urls = re.findall(r"[a-z0-9+]+://\S*", MANIFEST.read_text())
-    assert urls == ["postgresql+psycopg2://tuner:change-me@route-tuner-postgres:5432/tuner'"]  # the comment's example only
+    assert urls == [
+        "postgresql+psycopg2://tuner:change-me@route-tuner-postgres:5432/tuner'"
+    ]  # the comment's example only
     refs = set()
     for pod in _pods(resources):
         for container in pod.get("initContainers", []) + pod["containers"]:
@@ -73,7 +87,9 @@ def test_the_storage_url_comes_only_from_the_secret(resources: list[dict[str, An
                 assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert "securityContext" not in pod or pod["securityContext"].get("runAsNonRoot", True)
     assert refs == {("route-tuner-db", "storage")}
-    assert all(r["spec"].get("type", "ClusterIP") == "ClusterIP" for r in resources if r["kind"] == "Service")  # nothing exposed
+    assert all(
+        r["spec"].get("type", "ClusterIP") == "ClusterIP" for r in resources if r["kind"] == "Service"
+    )  # nothing exposed
 
 
 def test_every_command_is_a_real_tuner_command_on_a_study_file_that_exists(resources: list[dict[str, Any]]) -> None:
@@ -90,6 +106,10 @@ def test_every_command_is_a_real_tuner_command_on_a_study_file_that_exists(resou
             mount = next(m for m in mounts if spec.is_relative_to(m))
             assert (REPO / mounts[mount] / spec.relative_to(mount)).is_file(), spec
     for pod in _pods(resources):
-        claims = {v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
+        claims = {
+            v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v
+        }
         assert claims <= {_one(resources, "PersistentVolumeClaim")["metadata"]["name"]}
-    assert _one(resources, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]  # one work dir for every pod
+    assert _one(resources, "PersistentVolumeClaim")["spec"]["accessModes"] == [
+        "ReadWriteMany"
+    ]  # one work dir for every pod

@@ -19,25 +19,45 @@ from bench.landscape.strategies import STRATEGIES, Run
 from bench.landscape.truth import Truth
 from tests.conftest import REPO, to_toml
 from tests.models import conv_model
+from tuner import job as J
 from tuner.backends.onnxruntime.quant_space import recommendation
 from tuner.backends.replay.landscape import load_landscape
 from tuner.backends.replay.space import replay_space
 from tuner.measure.accuracy import Tolerances, compare, worst
-from tuner.spec import load_spec
 from tuner.space import route_hash
+from tuner.spec import load_spec
 from tuner.study.setup import Context
-from tuner import job as J
 
-SPACE = {"precision": ["fp32", "int8_dynamic"], "graph_optimization_level": ["all", "disabled"], "execution_mode": ["sequential"],
-         "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True],
-         # the int8 knobs at their defaults (reduce_range's follows this CPU's VNNI) but per-channel (ONNX Runtime's int8 routes grew them; 50 routes otherwise)
-         "quant_types": ["U8S8"], "quant_format": ["qdq"], "activation_symmetric": [False], "weight_symmetric": [True],
-         "weight_type": ["S8"], "reduce_range": [recommendation().reduce_range], "calibration": ["minmax"], "percentile": [99.999], "quant_ops": ["all"],
-         "fp32_nodes": [0], "int8_graph_level": ["all"]}  # 6 routes
+SPACE = {
+    "precision": ["fp32", "int8_dynamic"],
+    "graph_optimization_level": ["all", "disabled"],
+    "execution_mode": ["sequential"],
+    "intra_op_threads": [0],
+    "cpu_mem_arena": [True],
+    "mem_pattern": [True],
+    # the int8 knobs at their defaults (reduce_range's follows this CPU's VNNI) but per-channel (ONNX Runtime's int8 routes grew them; 50 routes otherwise)
+    "quant_types": ["U8S8"],
+    "quant_format": ["qdq"],
+    "activation_symmetric": [False],
+    "weight_symmetric": [True],
+    "weight_type": ["S8"],
+    "reduce_range": [recommendation().reduce_range],
+    "calibration": ["minmax"],
+    "percentile": [99.999],
+    "quant_ops": ["all"],
+    "fp32_nodes": [0],
+    "int8_graph_level": ["all"],
+}  # 6 routes
 
 
-def write_tiny_study(directory: Path, backend: str = "onnxruntime", options: dict | None = None, name: str = "study.toml",
-                     study: str = "tiny-landscape", **space: list) -> Path:
+def write_tiny_study(
+    directory: Path,
+    backend: str = "onnxruntime",
+    options: dict | None = None,
+    name: str = "study.toml",
+    study: str = "tiny-landscape",
+    **space: list,
+) -> Path:
     """A study on the tiny CNN (same bytes every time) whose space is SPACE (6 routes)."""
     directory.mkdir(parents=True, exist_ok=True)
     model = conv_model(directory / "tiny.onnx")
@@ -46,8 +66,14 @@ def write_tiny_study(directory: Path, backend: str = "onnxruntime", options: dic
         "model": {"path": str(model)},
         "data": {"samples": 4, "gate_samples": 2},
         "accuracy": {"metric": "cosine", "tolerance": 0.001},
-        "objective": {"warmup_s": 0.0, "min_repeats": 5, "min_duration_s": 0.01, "block_s": 0.002, "timing_cap_s": 0.3,
-                      "target_halfwidth": 0.1},  # short adaptive timings, as in conftest's study files
+        "objective": {
+            "warmup_s": 0.0,
+            "min_repeats": 5,
+            "min_duration_s": 0.01,
+            "block_s": 0.002,
+            "timing_cap_s": 0.3,
+            "target_halfwidth": 0.1,
+        },  # short adaptive timings, as in conftest's study files
         "backend": {"name": backend, "options": options or {}, "space": {**SPACE, **space}},
         "run": {"budget": 4, "trial_timeout_s": 60.0},
     }
@@ -71,8 +97,15 @@ def test_every_route_is_recorded_with_outputs_samples_and_environment(recorded) 
     with gzip.open(path, "rt") as f:
         assert json.load(f)["format"] == "route-tuner-landscape/1"
     assert sorted(p.key for p in land.points) == sorted(route_hash(r) for r in ctx.space.routes())
-    assert land.meta["enumeration"] == {"space_routes": 6, "recorded_routes": 6, "subset_seed": None, "rounds": 2,
-                                        "rounds_complete": 2, "measured": 12, "routes_with_differing_outputs": 0}
+    assert land.meta["enumeration"] == {
+        "space_routes": 6,
+        "recorded_routes": 6,
+        "subset_seed": None,
+        "rounds": 2,
+        "rounds_complete": 2,
+        "measured": 12,
+        "routes_with_differing_outputs": 0,
+    }
     assert land.meta["environment"]["device"]["cores"] >= 1 and land.meta["backend"]["name"] == "onnxruntime"
     for p in land.points:
         assert [r.status for r in p.rounds] == [J.OK, J.OK]
@@ -114,9 +147,12 @@ def test_recording_resumes_from_its_journal(recorded) -> None:
 
 def test_failures_are_recorded_with_their_class_and_deterministic_ones_not_rerun(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import the stand-in backend from tests/
-    spec = write_tiny_study(tmp_path, backend="tests.backends:FaultBackend",
-                            options={"marker_dir": str(tmp_path / "markers"), "faults": {"0": "segfault", "1": "error"}},
-                            graph_optimization_level=["all"])  # 3 routes
+    spec = write_tiny_study(
+        tmp_path,
+        backend="tests.backends:FaultBackend",
+        options={"marker_dir": str(tmp_path / "markers"), "faults": {"0": "segfault", "1": "error"}},
+        graph_optimization_level=["all"],
+    )  # 3 routes
     out = tmp_path / "faults.json.gz"
     Recorder(spec, out, rounds=2).run(log=lambda s: None)
     land = load_landscape(out)
@@ -130,8 +166,12 @@ def test_failures_are_recorded_with_their_class_and_deterministic_ones_not_rerun
 def test_a_random_subset_is_recorded_and_stated(tmp_path: Path) -> None:
     spec = write_tiny_study(tmp_path)
     land = Recorder(spec, tmp_path / "sub.json.gz", rounds=1, sample=2, seed=3).run(log=lambda s: None)
-    assert len(land.points) in (2, 3) and land.default_point() is not None  # the default route joins: every route pairs with it
-    assert all(r.speedup for p in land.points if p is not land.default_point() for r in p.rounds)  # timed paired with it
+    assert (
+        len(land.points) in (2, 3) and land.default_point() is not None
+    )  # the default route joins: every route pairs with it
+    assert all(
+        r.speedup for p in land.points if p is not land.default_point() for r in p.rounds
+    )  # timed paired with it
     assert all(r.loadavg for p in land.points for r in p.rounds)  # the load average of every measurement
     assert land.meta["enumeration"]["subset_seed"] == 3 and land.meta["enumeration"]["space_routes"] == 6
 
@@ -167,7 +207,9 @@ def test_every_strategy_spends_builds_on_distinct_routes_and_is_scored(recorded,
         assert len({s.key for s in built}) == len(built)
     result = score(run, truth, budget=6)
     assert result["builds"] == len(built) and len(result["curve"]) == len(built)
-    valued = {s.key for s in run.steps if s.feasible and s.value is not None}  # a trial stopped as `slow` leaves no value
+    valued = {
+        s.key for s in run.steps if s.feasible and s.value is not None
+    }  # a trial stopped as `slow` leaves no value
     if valued:  # tolerance 1.0: every recorded route is feasible; the curve is rounded to 5 places
         assert result["curve"][-1] == pytest.approx(min(truth.truth[k] for k in valued) / truth.best, abs=1e-5)
 
@@ -186,7 +228,9 @@ def test_scores_of_a_known_sequence(recorded) -> None:
     assert curve[0] == math.inf and curve[2] == pytest.approx(1.0)
     s = score(Run(steps, {}), truth, budget=20)
     assert s["builds_to_2pct"] == 3 and s["wasted_fraction"] == pytest.approx(1 / 3)
-    assert s["regret_at_20"] == pytest.approx(0.0) and s["delivered_regret_at_20"] == math.inf  # these steps deliver nothing
+    assert (
+        s["regret_at_20"] == pytest.approx(0.0) and s["delivered_regret_at_20"] == math.inf
+    )  # these steps deliver nothing
     assert summarise([1, 3, None, 5, None]) == {"median": 5.0, "q25": 3.0, "q75": None, "n": 5, "reached": 3}
     assert summarise([1, 2, 3]) == {"median": 2.0, "q25": 1.5, "q75": 2.5, "n": 3, "reached": 3}
 
@@ -198,12 +242,16 @@ sys.path.insert(0, {str(REPO)!r})
 import bench.search_efficiency as se
 se.SCENARIOS = (se.Scenario('tiny', {str(recorded[1])!r}, 'tiny', 1.0), se.Scenario('tiny-strict', {str(recorded[1])!r}, 'tiny', 1e-5))
 sys.exit(se.main(['--seeds', '2', '--budget', '6', '--strategies', 'local', 'random', 'gpt-fast',
-                  '--json', {str(tmp_path / 'r.json')!r}, '--markdown', {str(tmp_path / 'r.md')!r}, '--png', {str(tmp_path / 'r.png')!r}]))
+                  '--json', {str(tmp_path / "r.json")!r}, '--markdown', {str(tmp_path / "r.md")!r}, '--png', {str(tmp_path / "r.png")!r}]))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert set(doc["results"]) == {"tiny", "tiny-strict"} and set(doc["results"]["tiny"]) == {"local", "random", "gpt-fast"}
+    assert set(doc["results"]) == {"tiny", "tiny-strict"} and set(doc["results"]["tiny"]) == {
+        "local",
+        "random",
+        "gpt-fast",
+    }
     assert len(doc["results"]["tiny"]["local"]["runs"]) == 2
     md = (tmp_path / "r.md").read_text()
     assert "<!-- results:begin -->" in md and "| `gpt-fast` |" in md

@@ -13,13 +13,15 @@ from tuner.study import warm_start
 from tuner.study.local_search import WARM_START_ATTR
 from tuner.study.sampler import sampler_for
 
-SPACE = SearchSpace((
-    Param("precision", ("fp32", "fp16", "int8"), "fp32"),
-    Param("keep", ("some", "none"), "some", when=lambda r: r["precision"] == "fp16"),
-    Param("fusion", (False, True), False),
-    Param("attention", (True, False), True, when=lambda r: bool(r["fusion"])),
-    Param("threads", (0, 1, 2), 0),
-))
+SPACE = SearchSpace(
+    (
+        Param("precision", ("fp32", "fp16", "int8"), "fp32"),
+        Param("keep", ("some", "none"), "some", when=lambda r: r["precision"] == "fp16"),
+        Param("fusion", (False, True), False),
+        Param("attention", (True, False), True, when=lambda r: bool(r["fusion"])),
+        Param("threads", (0, 1, 2), 0),
+    )
+)
 
 
 def latency(route: dict) -> float:
@@ -35,12 +37,16 @@ def test_a_knob_and_the_sub_knobs_it_activates_are_one_group() -> None:
     assert g.groups == (("precision", "keep"), ("fusion", "attention"), ("threads",))
     default = SPACE.default_route()
     assert g.distance(default, SPACE.complete({"precision": "fp16", "keep": "none"})) == 1  # one move, not two
-    assert len(list(g.moves(default))) == 3 + 2 + 2  # precision group: fp16/some, fp16/none, int8; fusion: 2; threads: 2
+    assert (
+        len(list(g.moves(default))) == 3 + 2 + 2
+    )  # precision group: fp16/some, fp16/none, int8; fusion: 2; threads: 2
     assert all(g.distance(default, r) == 1 for r in g.within(default, 1))
 
 
 def _study(seed: int, space: SearchSpace = SPACE, storage=None, name=None) -> optuna.Study:
-    study = optuna.create_study(sampler=sampler_for(RunSpec(budget=1, sampler="local"), seed, space), storage=storage, study_name=name)
+    study = optuna.create_study(
+        sampler=sampler_for(RunSpec(budget=1, sampler="local"), seed, space), storage=storage, study_name=name
+    )
     study.enqueue_trial(space.default_route(), user_attrs={"source": "baseline"})
     return study
 
@@ -95,7 +101,10 @@ def test_a_warm_start_takes_other_models_winners_never_the_same_models(tmp_path)
         src = optuna.create_study(storage=storage, study_name=name)
         for key, value in {**warm_start.identity(model, {"cpu": "x"}), "backend": "onnxruntime"}.items():
             src.set_user_attr(key, value)
-        for route, source in ((SPACE.default_route(), "baseline"), (SPACE.complete({"precision": "fp16", "keep": "none"}), None)):
+        for route, source in (
+            (SPACE.default_route(), "baseline"),
+            (SPACE.complete({"precision": "fp16", "keep": "none"}), None),
+        ):
             src.enqueue_trial(route, user_attrs={"source": source} if source else {})
             t = src.ask()
             SPACE.suggest(t)
@@ -112,7 +121,10 @@ def test_a_warm_start_takes_other_models_winners_never_the_same_models(tmp_path)
 
 def test_a_route_projects_onto_another_space() -> None:
     other = SearchSpace((Param("precision", ("fp32", "fp16"), "fp32"), Param("threads", (0, 1), 0)))
-    assert warm_start.project({"precision": "int8", "threads": 1, "fusion": True}, other) == {"precision": "fp32", "threads": 1}
+    assert warm_start.project({"precision": "int8", "threads": 1, "fusion": True}, other) == {
+        "precision": "fp32",
+        "threads": 1,
+    }
 
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
@@ -122,8 +134,16 @@ def test_warm_start_is_a_run_setting(tmp_path, mode: str) -> None:
     from tuner.spec import load_spec
 
     spec = tmp_path / "s.toml"
-    spec.write_text(to_toml({"study": {"name": "s"}, "model": {"path": str(conv_model(tmp_path / "m.onnx"))},
-                             "accuracy": {"metric": "max_abs", "tolerance": 1.0}, "backend": {"name": "onnxruntime"},
-                             "run": {"budget": 2, "warm_start": mode}}))
+    spec.write_text(
+        to_toml(
+            {
+                "study": {"name": "s"},
+                "model": {"path": str(conv_model(tmp_path / "m.onnx"))},
+                "accuracy": {"metric": "max_abs", "tolerance": 1.0},
+                "backend": {"name": "onnxruntime"},
+                "run": {"budget": 2, "warm_start": mode},
+            }
+        )
+    )
     run = load_spec(spec).run
     assert run.warm_start == mode and run.sampler == "local"

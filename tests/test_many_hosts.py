@@ -41,14 +41,21 @@ def test_a_racing_claim_is_judged_by_the_database_clock(write_spec, pg_url, monk
 
 def _waiters(conn: psycopg2.extensions.connection, key: int) -> int:
     with conn.cursor() as cur:
-        cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
-                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        )
         return int(cur.fetchone()[0])
 
 
 def test_two_confirmations_at_once_measure_once_and_agree(write_spec, pg_url, tmp_path: Path) -> None:
-    spec = write_spec(**{"run.budget": 3, "run.racing": False, "backend.space": {"intra_op_threads": [0, 1, 2], "execution_mode": ["sequential"],
-                                                            "precision": ["fp32"]}})
+    spec = write_spec(
+        **{
+            "run.budget": 3,
+            "run.racing": False,
+            "backend.space": {"intra_op_threads": [0, 1, 2], "execution_mode": ["sequential"], "precision": ["fp32"]},
+        }
+    )
     first = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
     assert first.returncode == 0, first.stderr
     key = lock_key("route-tuner-confirm:tiny")
@@ -61,7 +68,9 @@ def test_two_confirmations_at_once_measure_once_and_agree(write_spec, pg_url, tm
     try:
         deadline = time.monotonic() + 300
         while _waiters(holder, key) < 2:  # both runs now wait for the confirmation lock
-            assert all(p.poll() is None for p in procs), [(tmp_path / f"confirm-{i}.log").read_text()[-2000:] for i in range(2)]
+            assert all(p.poll() is None for p in procs), [
+                (tmp_path / f"confirm-{i}.log").read_text()[-2000:] for i in range(2)
+            ]
             assert time.monotonic() < deadline, "the two confirmations never waited for each other"
             time.sleep(0.1)  # polling the lock table for an event the runs announce there
         with holder.cursor() as cur:
@@ -76,13 +85,16 @@ def test_two_confirmations_at_once_measure_once_and_agree(write_spec, pg_url, tm
     assert codes == [0, 0], logs
     engine = create_engine(normalize_url(pg_url))
     with engine.connect() as conn:
-        runs = conn.execute(text("SELECT DISTINCT result_key FROM tuner_measurements WHERE kind = 'confirm'")).scalars().all()
+        runs = (
+            conn.execute(text("SELECT DISTINCT result_key FROM tuner_measurements WHERE kind = 'confirm'"))
+            .scalars()
+            .all()
+        )
     engine.dispose()
     assert len(runs) == 1, runs  # one confirmation measured; the other took its result
     assert sum("another run confirmed this study" in log for log in logs) == 1, logs
     verdicts = [next(line for line in log.splitlines() if line.startswith("confirmation: ")) for log in logs]
     assert verdicts[0] == verdicts[1]
-
 
 
 def test_a_study_refuses_a_worker_on_other_hardware_unless_it_may_mix(write_spec, pg_url) -> None:
@@ -91,10 +103,15 @@ def test_a_study_refuses_a_worker_on_other_hardware_unless_it_may_mix(write_spec
     first = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", env={"TUNER_TEST_CPU": "Xeon A"})
     assert first.returncode == 0, first.stderr
     spec = write_spec(**{"run.budget": 2, **backend})
-    for where in (("--workers", "2"), ("--gpus", "0")):  # refused by `tuner run` for CPU workers, by the worker itself on a GPU
+    for where in (
+        ("--workers", "2"),
+        ("--gpus", "0"),
+    ):  # refused by `tuner run` for CPU workers, by the worker itself on a GPU
         refused = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", *where, env={"TUNER_TEST_CPU": "EPYC B"})
         assert refused.returncode == 2, refused.stderr
-        assert "the study runs on 'Xeon A', this worker on 'EPYC B'" in refused.stderr and "mix_devices" in refused.stderr
+        assert (
+            "the study runs on 'Xeon A', this worker on 'EPYC B'" in refused.stderr and "mix_devices" in refused.stderr
+        )
     engine = create_engine(normalize_url(pg_url))
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM trials")).scalar() == 1  # nothing ran on the other hardware

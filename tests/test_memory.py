@@ -26,12 +26,22 @@ def test_without_a_cuda_context_device_memory_is_unknown_not_zero() -> None:
 
 
 def test_a_memory_cap_makes_routes_above_it_infeasible_and_the_sampler_sees_it(write_spec, sqlite_url) -> None:
-    spec = write_spec(**{"backend.name": "tests.backends:BallastBackend", "objective.max_memory_mb": 24.0, "run.budget": 3,
-                         "run.racing": False})
+    spec = write_spec(
+        **{
+            "backend.name": "tests.backends:BallastBackend",
+            "objective.max_memory_mb": 24.0,
+            "run.budget": 3,
+            "run.racing": False,
+        }
+    )
     assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
     done = {t.params["ballast_mb"]: t for t in trials(sqlite_url, "tiny")}
     assert set(done) == {0, 48, 96} and all(t.state == TrialState.COMPLETE for t in done.values())
-    assert done[0].user_attrs["peak_memory_mb"] < 24 and done[0].constraints["memory"] <= 0 and done[0].user_attrs["feasible"]
+    assert (
+        done[0].user_attrs["peak_memory_mb"] < 24
+        and done[0].constraints["memory"] <= 0
+        and done[0].user_attrs["feasible"]
+    )
     for heavy in (48, 96):  # timed and accurate, but over the cap: infeasible through the constraint TPE and GP read
         t = done[heavy]
         assert t.user_attrs["peak_memory_mb"] >= heavy and t.constraints["memory"] > 0 and not t.user_attrs["feasible"]
@@ -42,12 +52,22 @@ def test_a_memory_cap_makes_routes_above_it_infeasible_and_the_sampler_sees_it(w
 
 
 def test_a_cap_below_the_default_routes_peak_leaves_no_feasible_route(write_spec, sqlite_url) -> None:
-    spec = write_spec(**{"backend.name": "tests.backends:BallastBackend", "objective.max_memory_mb": 0.001, "run.budget": 2,
-                         "run.racing": False})
+    spec = write_spec(
+        **{
+            "backend.name": "tests.backends:BallastBackend",
+            "objective.max_memory_mb": 0.001,
+            "run.budget": 2,
+            "run.racing": False,
+        }
+    )
     assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
     done = trials(sqlite_url, "tiny")
     baseline = next(t for t in done if t.user_attrs.get("source") == "baseline")
-    assert baseline.user_attrs["peak_memory_mb"] > 0.001 and baseline.constraints["memory"] > 0 and not baseline.user_attrs["feasible"]
+    assert (
+        baseline.user_attrs["peak_memory_mb"] > 0.001
+        and baseline.constraints["memory"] > 0
+        and not baseline.user_attrs["feasible"]
+    )
     assert all(not t.user_attrs["feasible"] for t in done)
     best = tuner("best", str(spec), "--storage", sqlite_url)
     assert best.returncode == 2 and "no feasible trial" in best.stderr

@@ -37,12 +37,14 @@ def test_changing_any_objective_setting_changes_the_fingerprint_and_the_cache_ke
     value = _another(name, getattr(base, name) if getattr(base, name) is not None else default, declared)
     fp, key, objective = _facts(write_spec("changed.toml", **{f"objective.{name}": value}))
     assert getattr(objective, name) == value  # the loader read it
-    assert (fp != base_fp) == declared.fingerprint and differences(base_fp, fp) == ([f"objective.{name}: study has "
-                                                                                     f"{getattr(base, name)!r}, file has {value!r}"]
-                                                                                    if declared.fingerprint else [])
+    assert (fp != base_fp) == declared.fingerprint and differences(base_fp, fp) == (
+        [f"objective.{name}: study has {getattr(base, name)!r}, file has {value!r}"] if declared.fingerprint else []
+    )
     assert (key != base_key) == declared.key
     assert declared.fingerprint  # every setting changes what a study's results mean
-    assert declared.key or name == "max_memory_mb"  # ... and all but the memory cap (a judgement of what was measured) what is measured
+    assert (
+        declared.key or name == "max_memory_mb"
+    )  # ... and all but the memory cap (a judgement of what was measured) what is measured
 
 
 def test_the_job_carries_every_setting_through_its_json(write_spec, tmp_path) -> None:
@@ -55,7 +57,9 @@ def test_the_job_carries_every_setting_through_its_json(write_spec, tmp_path) ->
 
 
 def test_a_late_setting_at_its_default_leaves_stored_cache_keys_as_they_were() -> None:
-    o = ObjectiveSpec(warmup_s=0.0, min_repeats=5, min_duration_s=0.02, target_halfwidth=0.1, timing_cap_s=0.3, block_s=0.002)
+    o = ObjectiveSpec(
+        warmup_s=0.0, min_repeats=5, min_duration_s=0.02, target_halfwidth=0.1, timing_cap_s=0.3, block_s=0.002
+    )
     from tuner.objective import cache_part
 
     assert cache_part(o) == [0.0, 5, 0.02, "per-call", 0.1, 0.3, 0.002]  # the key's form before the declaration
@@ -70,7 +74,11 @@ def test_a_fingerprint_stored_before_the_declaration_is_read_and_completed(write
     assert differences(legacy, current) == []
     assert completed(legacy, current) == current
     legacy["timing"]["min_repeats"] = 99
-    assert differences(legacy, current) == [f"objective.min_repeats: study has 99, file has {current['objective']['min_repeats']}"]
+    assert differences(legacy, current) == [
+        f"objective.min_repeats: study has 99, file has {current['objective']['min_repeats']}"
+    ]
     partial = {**current, "objective": {k: v for k, v in current["objective"].items() if k != "block_s"}}
-    assert differences(partial, {**current, "objective": {**current["objective"], "block_s": 9.0}}) == []  # unknown: accepted
+    assert (
+        differences(partial, {**current, "objective": {**current["objective"], "block_s": 9.0}}) == []
+    )  # unknown: accepted
     assert completed(partial, current) == current

@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import tuner
 from tests.helpers import trials
-from tests.test_inputs import CONSTANTS, MODEL
 from tests.models import conv_model, vad_model
+from tests.test_inputs import CONSTANTS, MODEL
 from tuner import job as J
 from tuner.backends.base import BuildContext, ModelInfo
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
@@ -23,8 +23,11 @@ from tuner.backends.onnxruntime.session import LOAD_LEVEL_KEY
 from tuner.measure.reference import compute_reference
 
 SHAPES = {"input": (1, 512), "state": (2, 1, 128), "sr": ()}
-FEED = {"input": np.linspace(-0.5, 0.5, 512, dtype=np.float32)[None], "state": np.zeros((2, 1, 128), np.float32),
-        "sr": np.array(16000, np.int64)}
+FEED = {
+    "input": np.linspace(-0.5, 0.5, 512, dtype=np.float32)[None],
+    "state": np.zeros((2, 1, 128), np.float32),
+    "sr": np.array(16000, np.int64),
+}
 
 
 def _built(tmp_path: Path, model: Path, shapes: dict, feed: dict, **route: object) -> tuple[dict, dict, dict]:
@@ -32,7 +35,9 @@ def _built(tmp_path: Path, model: Path, shapes: dict, feed: dict, **route: objec
     backend = OnnxRuntimeBackend()
     info = ModelInfo(model, shapes)
     chosen = backend.space(info).complete(route)
-    ctx = BuildContext(info, tmp_path / "work", tmp_path / f"out-{len(list(tmp_path.iterdir()))}", [feed], log=lambda _: None)
+    ctx = BuildContext(
+        info, tmp_path / "work", tmp_path / f"out-{len(list(tmp_path.iterdir()))}", [feed], log=lambda _: None
+    )
     artifact = backend.build(chosen, ctx)
     with backend.load(artifact, chosen, ctx) as runner:
         return dict(artifact.info), runner.settings, runner.infer(feed)
@@ -43,7 +48,9 @@ def test_an_if_model_in_fp16_ships_the_variant_optimised_at_load(tmp_path: Path,
     model = vad_model(tmp_path / "vad.onnx")
     info, settings, outputs = _built(tmp_path, model, SHAPES, FEED, precision="fp16", keep_fp32=keep)
     assert info["graph_optimization"] == "at-load" and "INVALID_GRAPH" in info["offline_file_refused"]
-    assert settings["session_options"]["graph_optimization_level"] == "ORT_ENABLE_ALL"  # the route's level, applied at load
+    assert (
+        settings["session_options"]["graph_optimization_level"] == "ORT_ENABLE_ALL"
+    )  # the route's level, applied at load
     reference = compute_reference(model, [FEED])[0]
     assert np.allclose(outputs["output"], reference["output"], atol=1e-2) and outputs["stateN"].shape == (2, 1, 128)
 
@@ -52,7 +59,9 @@ def test_a_file_that_loads_stays_optimised_offline(tmp_path: Path) -> None:
     import onnx
 
     model = conv_model(tmp_path / "cnn.onnx")
-    info, settings, _ = _built(tmp_path, model, {"x": (1, 3, 16, 16)}, {"x": np.ones((1, 3, 16, 16), np.float32)}, precision="fp16")
+    info, settings, _ = _built(
+        tmp_path, model, {"x": (1, 3, 16, 16)}, {"x": np.ones((1, 3, 16, 16), np.float32)}, precision="fp16"
+    )
     assert info["graph_optimization"] == "offline" and "offline_file_refused" not in info
     assert settings["session_options"]["graph_optimization_level"] == "ORT_DISABLE_ALL"
     artifact = next((tmp_path).glob("out-*/engine.onnx"))
@@ -103,12 +112,23 @@ def test_the_vad_models_fp16_routes_run_in_a_study(tmp_path: Path, sqlite_url: s
     assert result.returncode == 0, result.stderr
     done = [t for t in trials(sqlite_url, "vad-fp16") if t.state.is_finished()]
     fp16 = [t for t in done if t.params["precision"] == "fp16"]
-    assert len(done) == 4 and {t.params["keep_fp32"] for t in fp16} == {"sensitive", "norm_softmax", "none"}  # every route once
-    failed = [(t.params, t.user_attrs.get("failure_class"), t.user_attrs.get("message")) for t in done
-              if J.OUTCOMES[t.user_attrs.get("failure_class") or J.OK].tally == "failed"]
+    assert len(done) == 4 and {t.params["keep_fp32"] for t in fp16} == {
+        "sensitive",
+        "norm_softmax",
+        "none",
+    }  # every route once
+    failed = [
+        (t.params, t.user_attrs.get("failure_class"), t.user_attrs.get("message"))
+        for t in done
+        if J.OUTCOMES[t.user_attrs.get("failure_class") or J.OK].tally == "failed"
+    ]
     assert failed == []
     assert all(t.user_attrs["build_info"]["graph_optimization"] == "at-load" for t in fp16)  # what was done is recorded
     baseline = next(t for t in done if t.params["precision"] == "fp32")
     assert baseline.user_attrs["build_info"]["graph_optimization"] == "offline"
-    assert all(t.user_attrs["memory_kind"] == "host-rss" and t.user_attrs["peak_memory_mb"] > 0 and t.user_attrs["artifact_bytes"] > 0
-               for t in done)
+    assert all(
+        t.user_attrs["memory_kind"] == "host-rss"
+        and t.user_attrs["peak_memory_mb"] > 0
+        and t.user_attrs["artifact_bytes"] > 0
+        for t in done
+    )

@@ -29,8 +29,11 @@ def _wait_for_stale_leases(url: str, count: int, older_than_s: float) -> None:
     try:
         with conn.cursor() as cur:
             while True:
-                cur.execute("SELECT count(*) FROM tuner_leases WHERE state = 'running' "
-                            "AND extract(epoch from clock_timestamp()) - heartbeat_at > %s", (older_than_s,))
+                cur.execute(
+                    "SELECT count(*) FROM tuner_leases WHERE state = 'running' "
+                    "AND extract(epoch from clock_timestamp()) - heartbeat_at > %s",
+                    (older_than_s,),
+                )
                 if cur.fetchone()[0] >= count:
                     return
                 time.sleep(0.1)
@@ -51,14 +54,24 @@ def _wait_for_final_result(path: Path, limit_s: float = 120) -> None:
         time.sleep(0.05)
 
 
-def test_an_outage_longer_than_the_grace_period_loses_nothing(write_spec, pg_url, tmp_path: Path, own_timing_locks: Path) -> None:
+def test_an_outage_longer_than_the_grace_period_loses_nothing(
+    write_spec, pg_url, tmp_path: Path, own_timing_locks: Path
+) -> None:
     proxy = TcpProxy(int(re.search(r":(\d+)/", pg_url).group(1)))
     proxy.start()
     url = _through(proxy, pg_url)
     markers = tmp_path / "markers"
     grace = 3.0
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "block", "1": "block"}},
-                         "run.budget": 4, "run.workers": 2, "run.heartbeat_s": 0.5, "run.grace_s": grace})
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block", "1": "block"}},
+            "run.budget": 4,
+            "run.workers": 2,
+            "run.heartbeat_s": 0.5,
+            "run.grace_s": grace,
+        }
+    )
     proc = start_tuner("run", str(spec), "--no-confirm", "--storage", url, log=tmp_path / "run.log")
     try:
         wait_for_file(markers / "blocked-0", proc)

@@ -26,8 +26,14 @@ class SimClock:
         return self.now
 
 
-def engine(clock: SimClock, ms: float, noise: float = 0.0, seed: int = 0,
-           level: Callable[[float], float] = lambda t: 1.0, cold_calls: int = 0) -> P.BlockFn:
+def engine(
+    clock: SimClock,
+    ms: float,
+    noise: float = 0.0,
+    seed: int = 0,
+    level: Callable[[float], float] = lambda t: 1.0,
+    cold_calls: int = 0,
+) -> P.BlockFn:
     """A simulated engine: `ms` per call times the machine level at that moment, log-normal noise, a cold start decaying over `cold_calls`."""
     rng = np.random.default_rng(seed)
     state = {"calls": 0}
@@ -37,7 +43,11 @@ def engine(clock: SimClock, ms: float, noise: float = 0.0, seed: int = 0,
         for _ in range(n):
             cold = 1.0 + 2.0 * math.exp(-state["calls"] / cold_calls) if cold_calls else 1.0
             state["calls"] += 1
-            v = ms * level(clock.now) * cold * math.exp(rng.normal(0.0, noise)) if noise else ms * level(clock.now) * cold
+            v = (
+                ms * level(clock.now) * cold * math.exp(rng.normal(0.0, noise))
+                if noise
+                else ms * level(clock.now) * cold
+            )
             clock.now += v / 1000.0
             out.append(v)
         return out
@@ -54,7 +64,9 @@ def test_pairing_cancels_a_two_level_machine_drift() -> None:
     level = lambda t: 1.7 if int(t / 0.7) % 2 else 1.0  # noqa: E731
     base = engine(clock, 2.0, 0.05, 1, level)
     cand = engine(clock, 1.0, 0.05, 2, level)
-    r = P.measure_paired(cand, base, P.PairedPolicy(block_s=0.02, min_duration_s=2.0, cap_s=5.0, warmup_min_s=0.05), clock=clock)
+    r = P.measure_paired(
+        cand, base, P.PairedPolicy(block_s=0.02, min_duration_s=2.0, cap_s=5.0, warmup_min_s=0.05), clock=clock
+    )
     assert r.paired and r.stop == P.PRECISION and r.speedup is not None
     assert r.speedup.low <= 2.0 <= r.speedup.high and abs(r.speedup.estimate / 2.0 - 1) < 0.02
     assert r.speedup.halfwidth <= POLICY.target and r.cycles >= 6
@@ -65,7 +77,12 @@ def test_pairing_cancels_a_two_level_machine_drift() -> None:
 
 def test_noise_too_large_for_the_target_stops_at_the_cap_and_says_so() -> None:
     clock = SimClock()
-    r = P.measure_paired(engine(clock, 1.0, 0.6, 3), engine(clock, 1.0, 0.6, 4), P.PairedPolicy(block_s=0.001, cap_s=0.5, warmup_min_s=0.0), clock=clock)
+    r = P.measure_paired(
+        engine(clock, 1.0, 0.6, 3),
+        engine(clock, 1.0, 0.6, 4),
+        P.PairedPolicy(block_s=0.001, cap_s=0.5, warmup_min_s=0.0),
+        clock=clock,
+    )
     assert r.stop == P.CAP and r.speedup is not None and r.speedup.halfwidth > 0.02
     assert r.speedup.low < 1.0 < r.speedup.high
 
@@ -108,9 +125,13 @@ def test_a_drifting_measurement_is_repeated_and_the_steady_repeat_kept() -> None
 def test_clocks_that_change_during_both_attempts_are_flagged() -> None:
     clock = SimClock()
     reads = iter([{"sm_clock_mhz": 1980}, {"sm_clock_mhz": 1400}, {"sm_clock_mhz": 1980}, {"sm_clock_mhz": 1500}])
-    r = P.measure_paired(engine(clock, 1.0, 0.01, 11), engine(clock, 1.0, 0.01, 12), POLICY, clocks=lambda: next(reads), clock=clock)
+    r = P.measure_paired(
+        engine(clock, 1.0, 0.01, 11), engine(clock, 1.0, 0.01, 12), POLICY, clocks=lambda: next(reads), clock=clock
+    )
     assert r.repeated and r.drift and r.clocks == [{"sm_clock_mhz": 1980}, {"sm_clock_mhz": 1500}]
-    assert not P.clocks_drift({"sm_clock_mhz": 1980, "mem_clock_mhz": 2619}, {"sm_clock_mhz": 1965, "mem_clock_mhz": 2619}, 0.1)
+    assert not P.clocks_drift(
+        {"sm_clock_mhz": 1980, "mem_clock_mhz": 2619}, {"sm_clock_mhz": 1965, "mem_clock_mhz": 2619}, 0.1
+    )
 
 
 def test_unpaired_measurement_gives_a_level_and_no_speedup() -> None:
@@ -131,7 +152,7 @@ def test_normal_approximation_continues_the_exact_interval() -> None:
     """Beyond EXACT_MAX pairs the critical rank comes from the normal approximation; at the seam both agree."""
     k_exact, cov_exact = _critical(30, 0.95)
     counts = signed_rank_counts(30)
-    assert sum(counts[:k_exact]) / 2**30 <= 0.025 < sum(counts[:k_exact + 1]) / 2**30
+    assert sum(counts[:k_exact]) / 2**30 <= 0.025 < sum(counts[: k_exact + 1]) / 2**30
     k_approx, cov_approx = _critical(31, 0.95)
     assert abs(k_approx - k_exact) <= 12 and 0.94 <= cov_approx <= 0.96 and cov_exact >= 0.95
     d = list(np.log(1.25) + np.random.default_rng(14).normal(0, 0.01, 200))
@@ -179,9 +200,23 @@ def test_pooled_measurements_that_disagree_get_an_interval_spanning_them() -> No
 
 def test_a_candidate_clearly_ahead_of_the_incumbent_stops_as_ahead() -> None:
     clock = SimClock()
-    r = P.measure_paired(engine(clock, 1.0, 0.02, 9), engine(clock, 2.0, 0.02, 10), POLICY, incumbent=1.2, incumbent_high=1.3, clock=clock)
+    r = P.measure_paired(
+        engine(clock, 1.0, 0.02, 9),
+        engine(clock, 2.0, 0.02, 10),
+        POLICY,
+        incumbent=1.2,
+        incumbent_high=1.3,
+        clock=clock,
+    )
     assert r.stop == P.AHEAD and r.cycles == 6 and r.speedup is not None and r.speedup.low > 1.3
-    r = P.measure_paired(engine(clock, 1.0, 0.02, 9), engine(clock, 2.0, 0.02, 10), POLICY, incumbent=1.9, incumbent_high=2.1, clock=clock)
+    r = P.measure_paired(
+        engine(clock, 1.0, 0.02, 9),
+        engine(clock, 2.0, 0.02, 10),
+        POLICY,
+        incumbent=1.9,
+        incumbent_high=2.1,
+        clock=clock,
+    )
     assert r.stop == P.PRECISION  # overlapping the incumbent's interval: measured to the target
 
 
@@ -206,9 +241,17 @@ def test_cycles_timed_while_other_work_took_a_core_are_set_aside() -> None:
     r = P.measure_paired(engine(clock, 1.0, 0.02, 11), engine(clock, 2.0, 0.02, 12), POLICY, clock=clock, probe=probe)  # type: ignore[arg-type]
     assert r.contended_cycles == 4 and not r.contended and r.cycles == len(r.log_ratios) >= 6
     assert r.contention["contended_blocks"] == 16 and r.contention["blocks"] == 4 * (r.cycles + 4)
-    slow = P.measure_paired(engine(clock, 3.0, 0.02, 13), engine(clock, 2.0, 0.02, 14), POLICY, incumbent=1.0, clock=clock,
-                            probe=ScriptedProbe(lambda block: True))  # type: ignore[arg-type]
-    assert slow.stop == P.CAP and slow.contended and slow.speedup is not None  # never stopped as slow on contended cycles
+    slow = P.measure_paired(
+        engine(clock, 3.0, 0.02, 13),
+        engine(clock, 2.0, 0.02, 14),
+        POLICY,
+        incumbent=1.0,
+        clock=clock,
+        probe=ScriptedProbe(lambda block: True),
+    )  # type: ignore[arg-type]
+    assert (
+        slow.stop == P.CAP and slow.contended and slow.speedup is not None
+    )  # never stopped as slow on contended cycles
     assert slow.summary()["contended"] is True
 
 

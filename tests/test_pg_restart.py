@@ -21,8 +21,16 @@ def _restart_postgres() -> None:
 @pytest.mark.restarts_postgres
 def test_study_survives_a_postgres_restart(write_spec, pg_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    spec = write_spec(**{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"2": "block"}},
-                         "run.budget": 8, "run.workers": 2, "run.heartbeat_s": 0.5, "run.grace_s": 60.0})
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"2": "block"}},
+            "run.budget": 8,
+            "run.workers": 2,
+            "run.heartbeat_s": 0.5,
+            "run.grace_s": 60.0,
+        }
+    )
     proc = start_tuner("run", str(spec), "--no-confirm", "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
     wait_for_file(markers / "blocked-2", proc)
     _restart_postgres()  # every pooled connection of both workers and the main process is now dead
@@ -30,6 +38,8 @@ def test_study_survives_a_postgres_restart(write_spec, pg_url, tmp_path: Path) -
     assert proc.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
     ts = trials(pg_url, "tiny")
     assert not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    finished = [t for t in ts if t.state.is_finished() and t.user_attrs.get("failure_class") not in ("lost", "interrupted")]
+    finished = [
+        t for t in ts if t.state.is_finished() and t.user_attrs.get("failure_class") not in ("lost", "interrupted")
+    ]
     assert len(finished) == 8
     assert len({t.number for t in ts}) == len(ts)

@@ -19,9 +19,18 @@ def _run(path: Path) -> np.ndarray:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, FEEDS[0])[0]
 
 
-@pytest.mark.parametrize("options", [VariantOptions("fp16", "none"), VariantOptions("fp16", "sensitive"), VariantOptions("int8_static"),
-                                     VariantOptions("int8_static", per_channel=False, calibration="percentile"),
-                                     VariantOptions("int8_dynamic"), VariantOptions("fp8_static")], ids=str)
+@pytest.mark.parametrize(
+    "options",
+    [
+        VariantOptions("fp16", "none"),
+        VariantOptions("fp16", "sensitive"),
+        VariantOptions("int8_static"),
+        VariantOptions("int8_static", per_channel=False, calibration="percentile"),
+        VariantOptions("int8_dynamic"),
+        VariantOptions("fp8_static"),
+    ],
+    ids=str,
+)
 def test_variant_is_made_once_and_runs(options: VariantOptions, tiny_model: Path, tmp_path: Path) -> None:
     first = make_variant(tiny_model, options, FEEDS, tmp_path / "v")
     mtime = first.stat().st_mtime_ns
@@ -31,7 +40,9 @@ def test_variant_is_made_once_and_runs(options: VariantOptions, tiny_model: Path
     assert out.shape == ref.shape and out.dtype == np.float32  # I/O types are kept
 
 
-def test_fp32_is_the_model_itself_and_other_calibration_data_is_another_variant(tiny_model: Path, tmp_path: Path) -> None:
+def test_fp32_is_the_model_itself_and_other_calibration_data_is_another_variant(
+    tiny_model: Path, tmp_path: Path
+) -> None:
     assert make_variant(tiny_model, VariantOptions("fp32"), FEEDS, tmp_path) == tiny_model
     a = make_variant(tiny_model, VariantOptions("int8_static"), FEEDS, tmp_path)
     b = make_variant(tiny_model, VariantOptions("int8_static"), FEEDS[:2], tmp_path)
@@ -42,10 +53,17 @@ def test_tensorrt_qdq_is_symmetric_with_float_biases(tiny_model: Path, tmp_path:
     path = make_variant(tiny_model, VariantOptions("int8_static", tensorrt_qdq=True), FEEDS, tmp_path)
     model = onnx.load(str(path))
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    zero_points = [inits[n.input[2]] for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2]
+    zero_points = [
+        inits[n.input[2]]
+        for n in model.graph.node
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2
+    ]
     assert zero_points and all(not np.any(z) for z in zero_points)
-    assert not [n for n in model.graph.node if n.op_type == "DequantizeLinear" and inits.get(n.input[0]) is not None
-                and inits[n.input[0]].dtype == np.int32]
+    assert not [
+        n
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and inits.get(n.input[0]) is not None and inits[n.input[0]].dtype == np.int32
+    ]
 
 
 def test_bf16_keeps_io_types_and_sorts_the_graph(tiny_model: Path, tmp_path: Path) -> None:

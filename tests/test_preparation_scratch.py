@@ -11,7 +11,8 @@ from tuner.backends.onnxruntime.prepare import _pre_process
 
 
 def test_incomplete_symbolic_shape_inference_leaves_no_file_in_the_working_directory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # ONNX Runtime's symbolic shape inference saves a partial model as sym_shape_infer_temp.onnx in the
     # current directory when it cannot infer every shape (here: an op of an unknown domain).
     cwd = tmp_path / "cwd"

@@ -24,36 +24,56 @@ from tuner.study.outcome import judge
 from tuner.worker.timing import BaselineGate
 
 
-def _trial(number: int, speedup: float, ci: tuple[float, float], feasible: bool = True, source: str = "") -> optuna.trial.FrozenTrial:
+def _trial(
+    number: int, speedup: float, ci: tuple[float, float], feasible: bool = True, source: str = ""
+) -> optuna.trial.FrozenTrial:
     attrs = {"paired": True, "speedup_paired": speedup, "speedup_paired_ci": list(ci)}
     if source:
         attrs = {"source": source, "paired": False, "speedup_paired": 1.0, "speedup_paired_ci": [1.0, 1.0]}
-    t = optuna.trial.create_trial(params={"k": str(number)}, distributions={"k": CategoricalDistribution([str(i) for i in range(20)])},
-                                  value=10.0 / speedup, user_attrs=attrs,
-                                  constraints={"accuracy": -1.0 if feasible else 0.5, "failure": -1.0})
+    t = optuna.trial.create_trial(
+        params={"k": str(number)},
+        distributions={"k": CategoricalDistribution([str(i) for i in range(20)])},
+        value=10.0 / speedup,
+        user_attrs=attrs,
+        constraints={"accuracy": -1.0 if feasible else 0.5, "failure": -1.0},
+    )
     t.number = number
     return t
 
 
 def test_the_leader_is_re_measured_and_so_are_the_leaders_it_overlaps() -> None:
-    trials = [_trial(0, 1.0, (1.0, 1.0), source="baseline"), _trial(1, 1.50, (1.45, 1.55)), _trial(2, 1.40, (1.30, 1.46)),
-              _trial(3, 1.20, (1.15, 1.25)), _trial(4, 2.0, (1.9, 2.1), feasible=False)]
+    trials = [
+        _trial(0, 1.0, (1.0, 1.0), source="baseline"),
+        _trial(1, 1.50, (1.45, 1.55)),
+        _trial(2, 1.40, (1.30, 1.46)),
+        _trial(3, 1.20, (1.15, 1.25)),
+        _trial(4, 2.0, (1.9, 2.1), feasible=False),
+    ]
     ranked = R.standings(trials, {})
     assert [s.number for s in ranked] == [1, 2, 3]  # the infeasible and the baseline trial do not race
     assert R.to_race(ranked) == [1, 2]  # trial 2's interval reaches into the leader's; trial 3's does not
-    raced = {"1": {"speedup_refined": 1.52, "speedup_refined_ci": [1.50, 1.54], "remeasured": 1},
-             "2": {"speedup_refined": 1.38, "speedup_refined_ci": [1.33, 1.42], "remeasured": 1}}
+    raced = {
+        "1": {"speedup_refined": 1.52, "speedup_refined_ci": [1.50, 1.54], "remeasured": 1},
+        "2": {"speedup_refined": 1.38, "speedup_refined_ci": [1.33, 1.42], "remeasured": 1},
+    }
     assert R.to_race(R.standings(trials, raced)) == []  # now apart, and the leader has been re-measured
     assert R.to_race([R.Standing(1, 1.5, 1.4, 1.6, 2), R.Standing(2, 1.45, 1.35, 1.55, 2)]) == []  # re-measured enough
     assert R.to_race([R.Standing(1, 1.5, 1.4, 1.6, 0)]) == [1]  # a lone leader is re-measured once (the winner's curse)
 
 
 def test_confirmed_best_and_incumbent() -> None:
-    trials = [_trial(0, 1.0, (1.0, 1.0), source="baseline"), _trial(1, 1.6, (1.2, 2.0)), _trial(2, 1.3, (1.25, 1.35)), _trial(3, 1.05, (0.95, 1.1))]
+    trials = [
+        _trial(0, 1.0, (1.0, 1.0), source="baseline"),
+        _trial(1, 1.6, (1.2, 2.0)),
+        _trial(2, 1.3, (1.25, 1.35)),
+        _trial(3, 1.05, (0.95, 1.1)),
+    ]
     assert R.best_confirmed(trials, {}) is None  # nothing re-measured yet
     assert R.incumbent(trials, {}) == 1.25  # the best lower bound: a candidate entirely below it is slow
-    raced = {"1": {"speedup_refined": 1.1, "speedup_refined_ci": [0.98, 1.2], "remeasured": 2},
-             "2": {"speedup_refined": 1.31, "speedup_refined_ci": [1.27, 1.35], "remeasured": 1}}
+    raced = {
+        "1": {"speedup_refined": 1.1, "speedup_refined_ci": [0.98, 1.2], "remeasured": 2},
+        "2": {"speedup_refined": 1.31, "speedup_refined_ci": [1.27, 1.35], "remeasured": 1},
+    }
     best = R.best_confirmed(trials, raced)
     assert best is not None and best.number == 2  # trial 1's pooled interval now includes 1.0
     assert R.incumbent([_trial(3, 0.9, (0.8, 0.95))], {}) == 1.0  # never below the default route
@@ -62,15 +82,21 @@ def test_confirmed_best_and_incumbent() -> None:
 
 
 def test_study_value_is_the_baseline_latency_over_the_paired_speedup() -> None:
-    res = J.Result(status=J.OK, latency={"median": 3.0}, accuracy=0.0, paired={"paired": True, "speedup": 2.0, "ci": [1.9, 2.1]})
+    res = J.Result(
+        status=J.OK, latency={"median": 3.0}, accuracy=0.0, paired={"paired": True, "speedup": 2.0, "ci": [1.9, 2.1]}
+    )
     assert judge(res, 0.1, "median", baseline_value=8.0).value == 4.0  # not the 3.0 ms measured at another moment
     assert judge(res, 0.1, "median").value == 3.0  # no baseline value yet: the measured latency
-    slow = J.Result(status=J.SLOW, latency={"median": 9.0}, accuracy=0.0, paired={"paired": True, "speedup": 0.5, "ci": [0.4, 0.6]})
+    slow = J.Result(
+        status=J.SLOW, latency={"median": 9.0}, accuracy=0.0, paired={"paired": True, "speedup": 0.5, "ci": [0.4, 0.6]}
+    )
     j = judge(slow, 0.1, "median", baseline_value=8.0)
     assert j.state == TrialState.PRUNED and j.constraints == (-1.0, -1.0)  # slow, not broken
 
 
-GATE_WAITER = "import sys; from tuner.worker.timing import BaselineGate; print(BaselineGate(sys.argv[1]).wait(), flush=True)"
+GATE_WAITER = (
+    "import sys; from tuner.worker.timing import BaselineGate; print(BaselineGate(sys.argv[1]).wait(), flush=True)"
+)
 
 
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe the waiting process")
@@ -78,8 +104,12 @@ GATE_WAITER = "import sys; from tuner.worker.timing import BaselineGate; print(B
 def test_a_trial_waits_for_the_baseline_gate_and_wakes_when_it_is_published(tmp_path: Path, published: bool) -> None:
     gate = BaselineGate(tmp_path)
     with gate.close_for_baseline():
-        waiter = subprocess.Popen([sys.executable, "-c", GATE_WAITER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", GATE_WAITER, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         wait_blocked(waiter.pid)  # it waits while the baseline is being evaluated
         if published:
             gate.publish({"trial": 0, "path": "/x/engine.onnx"})
@@ -88,14 +118,18 @@ def test_a_trial_waits_for_the_baseline_gate_and_wakes_when_it_is_published(tmp_
 
 
 def test_a_two_worker_study_pairs_every_candidate_with_the_baseline(write_spec: SpecWriter, pg_url: str) -> None:
-    spec = write_spec(**{"run.budget": 5, "run.workers": 2, "backend.name": "tests.backends:SameEngineBackend"})  # feasible routes to race
+    spec = write_spec(
+        **{"run.budget": 5, "run.workers": 2, "backend.name": "tests.backends:SameEngineBackend"}
+    )  # feasible routes to race
     run = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
     assert run.returncode == 0, run.stderr[-3000:]
     trials = sorted(read_trials(pg_url, "tiny"), key=lambda t: t.number)
     base = trials[0]
     assert base.user_attrs["source"] == "baseline" and base.state == TrialState.COMPLETE
     assert base.user_attrs["speedup_paired"] == 1.0 and not base.user_attrs["paired"]
-    timed = [t for t in trials[1:] if t.user_attrs.get("timing_stop") and not t.user_attrs.get("cache_hit")]  # a hit may be trial 0's own result
+    timed = [
+        t for t in trials[1:] if t.user_attrs.get("timing_stop") and not t.user_attrs.get("cache_hit")
+    ]  # a hit may be trial 0's own result
     assert timed, [t.user_attrs.get("failure_class") for t in trials]
     for t in timed:
         a = t.user_attrs
@@ -115,11 +149,17 @@ def test_a_two_worker_study_pairs_every_candidate_with_the_baseline(write_spec: 
     raced = R.races(study)
     ranked = R.standings(trials, raced)
     assert ranked, "no feasible paired candidate to race"
-    entry = raced[str(ranked[0].number)]  # the leader at the end was re-measured (paired, from its stored artifact), every measurement kept
+    entry = raced[
+        str(ranked[0].number)
+    ]  # the leader at the end was re-measured (paired, from its stored artifact), every measurement kept
     assert entry["remeasured"] >= 1 and entry["claim"] is None
     low, high = entry["speedup_refined_ci"]
     assert low <= entry["speedup_refined"] <= high
-    kept = [m for m in ResultStore(normalize_url(pg_url)).measurements("tiny", kind="race") if m.trial_number == ranked[0].number]
+    kept = [
+        m
+        for m in ResultStore(normalize_url(pg_url)).measurements("tiny", kind="race")
+        if m.trial_number == ranked[0].number
+    ]
     assert len(kept) == entry["remeasured"] and all(m.stats["paired"]["log_ratios"] for m in kept)
 
 
@@ -133,7 +173,9 @@ def test_a_baseline_that_does_not_load_leaves_the_candidate_timed_alone(write_sp
     broken = tmp_path / "baseline.onnx"
     broken.write_bytes(b"not an onnx model")
     route = ctx.space.default_route()
-    job = make_job(ctx, route, tmp_path / "t" / "out", baseline={"trial": 0, "path": str(broken), "sha256": "x", "route": route})
+    job = make_job(
+        ctx, route, tmp_path / "t" / "out", baseline={"trial": 0, "path": str(broken), "sha256": "x", "route": route}
+    )
     res = run_isolated(job, tmp_path / "t")
     assert res.status == J.OK, res.message
     assert res.paired["paired"] is False and res.paired["unpaired"].startswith("the baseline engine did not load")

@@ -13,20 +13,26 @@ from optuna.trial import TrialState
 from tests.conftest import tuner
 from tests.helpers import trials
 from tests.test_landscape import write_tiny_study
+from tuner import job as J
 from tuner.backends.replay.landscape import Landscape, Round, load_landscape
 from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.spec import load_spec
 from tuner.store.urls import normalize_url
 from tuner.study.setup import Context
-from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
 
 
 def replay_study(recorded: tuple[Path, Path], landscape: Path | None = None, **kw) -> Path:
     directory = recorded[0].parent
-    return write_tiny_study(directory, backend="replay", options={"landscape": str(landscape or recorded[1])},
-                            name=kw.pop("name", "replay.toml"), study=kw.pop("study", "tiny-replay"), **kw)
+    return write_tiny_study(
+        directory,
+        backend="replay",
+        options={"landscape": str(landscape or recorded[1])},
+        name=kw.pop("name", "replay.toml"),
+        study=kw.pop("study", "tiny-replay"),
+        **kw,
+    )
 
 
 def recorded_accuracy(land, route) -> float:
@@ -51,8 +57,12 @@ def test_replayed_trials_in_the_child_answer_as_recorded(recorded, tmp_path: Pat
 
 def test_replayed_failures_end_the_child_as_recorded(recorded, tmp_path: Path) -> None:
     land = load_landscape(recorded[1])
-    fails = [Round(J.BUILD_ERROR, "build", "scripted: no kernel"), Round(J.CRASH_SIGNAL, "build", "child died of SIGSEGV during build"),
-             Round(J.RUNTIME_ERROR, "gate", "scripted: bad output"), Round(J.TIMEOUT, "time", "no result after 600 s")]
+    fails = [
+        Round(J.BUILD_ERROR, "build", "scripted: no kernel"),
+        Round(J.CRASH_SIGNAL, "build", "child died of SIGSEGV during build"),
+        Round(J.RUNTIME_ERROR, "gate", "scripted: bad output"),
+        Round(J.TIMEOUT, "time", "no result after 600 s"),
+    ]
     points = [replace(p, rounds=(f,)) for p, f in zip(land.points, fails)] + land.points[4:]
     path = tmp_path / "failing.json.gz"
     Landscape(land.meta, points, land.feeds, land.reference, land.outputs).save(path)
@@ -61,7 +71,10 @@ def test_replayed_failures_end_the_child_as_recorded(recorded, tmp_path: Path) -
         job = replace(make_job(ctx, point.route, tmp_path / f"t{i}" / "out"), tolerance=1.0, timeout_s=3.0)
         res = run_isolated(job, tmp_path / f"t{i}")
         assert res.status == fail.status, res.message
-    assert "SIGSEGV" in run_isolated(make_job(ctx, points[1].route, tmp_path / "again" / "out"), tmp_path / "again").message
+    assert (
+        "SIGSEGV"
+        in run_isolated(make_job(ctx, points[1].route, tmp_path / "again" / "out"), tmp_path / "again").message
+    )
 
 
 def test_tuner_run_with_replay_on_postgres(recorded, pg_url: str) -> None:
@@ -75,11 +88,18 @@ def test_tuner_run_with_replay_on_postgres(recorded, pg_url: str) -> None:
     for t in complete:
         samples = [s for r in land.point(t.params).rounds for s in r.samples_ms]
         assert min(samples) <= t.value <= max(samples)
-        assert t.user_attrs["accuracy"]["value"] == pytest.approx(recorded_accuracy(land, t.params), rel=1e-9, abs=1e-12)
+        assert t.user_attrs["accuracy"]["value"] == pytest.approx(
+            recorded_accuracy(land, t.params), rel=1e-9, abs=1e-12
+        )
     for t in ts:  # int8 breaks the 0.001 cosine tolerance: the gate prunes it, as with the real backend; the paired
-        if t.state == TrialState.PRUNED:  # measurement (on the replay's virtual clock) stops routes slower than the incumbent
-            assert (t.params["precision"] == "int8_dynamic" and t.user_attrs["failure_class"] == J.GATE_FAILED
-                    or t.user_attrs["failure_class"] == J.SLOW)
+        if (
+            t.state == TrialState.PRUNED
+        ):  # measurement (on the replay's virtual clock) stops routes slower than the incumbent
+            assert (
+                t.params["precision"] == "int8_dynamic"
+                and t.user_attrs["failure_class"] == J.GATE_FAILED
+                or t.user_attrs["failure_class"] == J.SLOW
+            )
     assert all(t.user_attrs["paired"] for t in complete if t.user_attrs.get("source") != "baseline")
     attrs = optuna.load_study(study_name="tiny-replay-run", storage=normalize_url(pg_url)).user_attrs
     assert attrs["backend"] == "replay" and attrs["landscape_backend"]["name"] == "onnxruntime"
@@ -95,7 +115,11 @@ def test_replay_refuses_another_model_and_a_missing_landscape(recorded, tmp_path
     conv_model(other / "tiny.onnx", seed=5)
     (other / "s.toml").write_text(text.replace(str(recorded[0].parent / "tiny.onnx"), str(other / "tiny.onnx")))
     done = tuner("space", str(other / "s.toml"))
-    assert done.returncode == 2 and "recorded for another model" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert (
+        done.returncode == 2
+        and "recorded for another model" in done.stderr
+        and len(done.stderr.strip().splitlines()) == 1
+    )
     (other / "m.toml").write_text(text.replace(str(recorded[1]), str(tmp_path / "nope.json.gz")))
     done = tuner("space", str(other / "m.toml"))
     assert done.returncode == 2 and "nope.json.gz: not found" in done.stderr

@@ -26,13 +26,24 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.mark.slow
 def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path: Path) -> None:
-    spec = write_spec(**{"accuracy.tolerance": 1e-9, "run.budget": 6, "run.startup_trials": 6, "run.racing": False,  # no `slow` pruning: the enqueued route stays feasible
-                         "backend.space": {"precision": ["fp32", "fp16", "int8_dynamic"], "intra_op_threads": [0, 1]}})
+    spec = write_spec(
+        **{
+            "accuracy.tolerance": 1e-9,
+            "run.budget": 6,
+            "run.startup_trials": 6,
+            "run.racing": False,  # no `slow` pruning: the enqueued route stays feasible
+            "backend.space": {"precision": ["fp32", "fp16", "int8_dynamic"], "intra_op_threads": [0, 1]},
+        }
+    )
     first = tuner("run", str(spec), "--storage", pg_url, "--trials", "1", "--no-confirm")  # the default route only
     assert first.returncode == 0, first.stderr[-3000:]
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
-    study.enqueue_trial({**study.trials[0].params, "intra_op_threads": 1})  # a feasible fp32 route besides the default, for sure
-    study.enqueue_trial({**study.trials[0].params, "precision": "fp16"})  # and one that breaks a 1e-9 tolerance, for sure
+    study.enqueue_trial(
+        {**study.trials[0].params, "intra_op_threads": 1}
+    )  # a feasible fp32 route besides the default, for sure
+    study.enqueue_trial(
+        {**study.trials[0].params, "precision": "fp16"}
+    )  # and one that breaks a 1e-9 tolerance, for sure
     run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "6")
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "report"
@@ -59,19 +70,34 @@ def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path:
     assert conf["trial"] is not None  # a candidate was re-measured: the distribution shows the confirmation samples
     assert data.samples_kind == "confirm" and data.contender == conf["trial"]
     runs = ResultStore(url).measurements("tiny", kind="confirm")
-    assert len(data.samples["default"]) == sum(len(m.samples_ms) for m in runs if m.trial_number == conf["baseline_trial"])
+    assert len(data.samples["default"]) == sum(
+        len(m.samples_ms) for m in runs if m.trial_number == conf["baseline_trial"]
+    )
     assert {t.number for t in data.trials} == {t.number for t in study.trials}
     assert [t.feasible for t in data.trials if study.trials[t.number].params["precision"] == "fp16"][:1] == [False]
-    default = next(t for t in data.trials if t.number == 0)  # feasible, so in the table with its engine size and peak memory
-    assert default.peak_memory_mb is not None and default.artifact_bytes and f"<td>{default.peak_memory_mb:.1f} MiB</td>" in html
+    default = next(
+        t for t in data.trials if t.number == 0
+    )  # feasible, so in the table with its engine size and peak memory
+    assert (
+        default.peak_memory_mb is not None
+        and default.artifact_bytes
+        and f"<td>{default.peak_memory_mb:.1f} MiB</td>" in html
+    )
 
 
 def test_importance_needs_enough_feasible_trials() -> None:
     scores, note = importances([])
     assert scores == {} and "not enough data" in note
     dist = {"k": optuna.distributions.CategoricalDistribution(["a", "b"])}
-    trials = [optuna.trial.create_trial(params={"k": "a" if i % 2 else "b"}, distributions=dist, value=1.0 + (i % 2),
-                                        constraints={"accuracy": -1.0, "failure": -1.0}) for i in range(6)]
+    trials = [
+        optuna.trial.create_trial(
+            params={"k": "a" if i % 2 else "b"},
+            distributions=dist,
+            value=1.0 + (i % 2),
+            constraints={"accuracy": -1.0, "failure": -1.0},
+        )
+        for i in range(6)
+    ]
     scores, note = importances(trials)
     assert note == "" and set(scores) == {"k"}
     scores, note = importances(trials[:3])
@@ -79,24 +105,78 @@ def test_importance_needs_enough_feasible_trials() -> None:
 
 
 def test_every_figure_copes_with_an_empty_study(tmp_path: Path) -> None:
-    summary = Summary(study="empty", budget=4, complete=0, pruned=0, failed=0, running=0, waiting=0, feasible=0, infeasible=0,
-                      requeued=0, cache_hits=0, best=None, baseline=None, elapsed_s=0.0, failure_classes={})
-    data = ReportData(study="empty", statistic="median", metric="cosine", tolerance=1e-3, summary=summary, trials=[],
-                      confirmation=None, importance_note="not enough data for parameter importance: 0 feasible trial(s)")
+    summary = Summary(
+        study="empty",
+        budget=4,
+        complete=0,
+        pruned=0,
+        failed=0,
+        running=0,
+        waiting=0,
+        feasible=0,
+        infeasible=0,
+        requeued=0,
+        cache_hits=0,
+        best=None,
+        baseline=None,
+        elapsed_s=0.0,
+        failure_classes={},
+    )
+    data = ReportData(
+        study="empty",
+        statistic="median",
+        metric="cosine",
+        tolerance=1e-3,
+        summary=summary,
+        trials=[],
+        confirmation=None,
+        importance_note="not enough data for parameter importance: 0 feasible trial(s)",
+    )
     paths = plots.save_all(data, tmp_path)
     assert set(paths) == FIGURES and all(p.read_bytes().startswith(PNG) for p in paths.values())
 
 
 def test_the_page_escapes_every_stored_string_and_leads_with_the_verdict() -> None:
     """Confirmation fields come from the database (a study attribute anyone with access can set): all are escaped."""
-    summary = Summary(study="s", budget=4, complete=0, pruned=0, failed=0, running=0, waiting=0, feasible=0, infeasible=0,
-                      requeued=0, cache_hits=0, best=None, baseline=None, elapsed_s=0.0, failure_classes={})
+    summary = Summary(
+        study="s",
+        budget=4,
+        complete=0,
+        pruned=0,
+        failed=0,
+        running=0,
+        waiting=0,
+        feasible=0,
+        infeasible=0,
+        requeued=0,
+        cache_hits=0,
+        best=None,
+        baseline=None,
+        elapsed_s=0.0,
+        failure_classes={},
+    )
     evil = "<script>alert(1)</script>"
-    conf = {"verdict": "speedup", "message": evil, "method": evil, "created_at": evil, "rounds": evil,
-            "candidates": [{"trial": evil, "failure": evil}]}
+    conf = {
+        "verdict": "speedup",
+        "message": evil,
+        "method": evil,
+        "created_at": evil,
+        "rounds": evil,
+        "candidates": [{"trial": evil, "failure": evil}],
+    }
     head = decide(summary, conf, [])
-    data = ReportData(study="s", statistic="median", metric="cosine", tolerance=1e-3, summary=summary, trials=[],
-                      confirmation=conf, headline=head)
+    data = ReportData(
+        study="s",
+        statistic="median",
+        metric="cosine",
+        tolerance=1e-3,
+        summary=summary,
+        trials=[],
+        confirmation=conf,
+        headline=head,
+    )
     html = page.render(data, {})
-    assert "<script" not in html and html.count("&lt;script&gt;") == 6  # message, method, created_at, rounds, trial, failure
+    assert (
+        "<script" not in html and html.count("&lt;script&gt;") == 6
+    )  # message, method, created_at, rounds, trial, failure
     assert html.index(head.sentence) < html.index("<h2>Summary</h2>")

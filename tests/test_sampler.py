@@ -8,8 +8,13 @@ import pytest
 from tuner.spec import RunSpec
 from tuner.study.sampler import sampler_for
 
-CHOICES = {"mode": ("default", "reduce-overhead"), "precision": ("fp32", "tf32", "bf16", "fp16"),
-           "channels_last": (False, True), "freezing": (False, True), "fusion": (True, False)}  # 64 routes
+CHOICES = {
+    "mode": ("default", "reduce-overhead"),
+    "precision": ("fp32", "tf32", "bf16", "fp16"),
+    "channels_last": (False, True),
+    "freezing": (False, True),
+    "fusion": (True, False),
+}  # 64 routes
 
 
 def _route(trial: optuna.Trial) -> tuple:

@@ -12,8 +12,8 @@ import numpy as np
 import optuna
 import pytest
 
-from bench.landscape.simulate import Simulation, Step, simulate
 from bench.landscape.score import score, share
+from bench.landscape.simulate import Simulation, Step, simulate
 from bench.landscape.strategies import STRATEGIES, Direct, Run, condition_parents, gpt_fast, gpt_mixed
 from bench.landscape.truth import Truth
 from bench.search_efficiency import choose_default
@@ -25,8 +25,16 @@ from tuner.spec import RunSpec
 from tuner.study.sampler import sampler_for
 
 # a: 0 (default) | 1 | 2; b: x (default) | y; c: only when a == 2
-TRUE_MS = {(0, "x", None): 40.0, (0, "y", None): 30.0, (1, "x", None): 20.0, (1, "y", None): 12.0,
-           (2, "x", 0): 10.0, (2, "x", 1): 25.0, (2, "y", 0): 11.0, (2, "y", 1): 35.0}
+TRUE_MS = {
+    (0, "x", None): 40.0,
+    (0, "y", None): 30.0,
+    (1, "x", None): 20.0,
+    (1, "y", None): 12.0,
+    (2, "x", 0): 10.0,
+    (2, "x", 1): 25.0,
+    (2, "y", 0): 11.0,
+    (2, "y", 1): 35.0,
+}
 INACCURATE = {(1, "y", None), (2, "x", 0)}  # fast, but their outputs break the tolerance
 
 
@@ -40,15 +48,24 @@ def synthetic(residual: float = 0.0, drift: float = 0.0, crash: tuple | None = N
     ref = [{"y": np.zeros(4, dtype=np.float32)} for _ in range(2)]
     points, outputs = [], {"exact": ref, "off": [{"y": np.full(4, 0.5, dtype=np.float32)} for _ in range(2)]}
     for (a, b, c), ms in TRUE_MS.items():
-        rounds = tuple(Round(J.OK, "accuracy", samples_ms=tuple(level * (1 + residual * k) for k in (-1, -0.5, 0, 0.5, 1) * 4))
-                       for level in (ms * (1 - drift), ms, ms * (1 + drift)))
+        rounds = tuple(
+            Round(J.OK, "accuracy", samples_ms=tuple(level * (1 + residual * k) for k in (-1, -0.5, 0, 0.5, 1) * 4))
+            for level in (ms * (1 - drift), ms, ms * (1 + drift))
+        )
         if (a, b, c) == crash:
             rounds = (Round(J.CRASH_SIGNAL, "build", "child died of SIGSEGV during build"),)
         points.append(Point(_route(a, b, c), rounds, outputs="off" if (a, b, c) in INACCURATE else "exact"))
-    meta = {"accuracy": {"metric": "max_abs", "tolerance": 0.1, "atol": 0.0, "rtol": 0.0}, "data": {"gate_samples": 1},
-            "objective": {"statistic": "median"}, "backend": {"name": "synthetic", "options": {}},
-            "space": [{"name": "a", "choices": [0, 1, 2], "default": 0}, {"name": "b", "choices": ["x", "y"], "default": "x"},
-                      {"name": "c", "choices": [0, 1], "default": 0}]}
+    meta = {
+        "accuracy": {"metric": "max_abs", "tolerance": 0.1, "atol": 0.0, "rtol": 0.0},
+        "data": {"gate_samples": 1},
+        "objective": {"statistic": "median"},
+        "backend": {"name": "synthetic", "options": {}},
+        "space": [
+            {"name": "a", "choices": [0, 1, 2], "default": 0},
+            {"name": "b", "choices": ["x", "y"], "default": "x"},
+            {"name": "c", "choices": [0, 1], "default": 0},
+        ],
+    }
     return Landscape(meta, points, ["f0", "f1"], ref, outputs)
 
 
@@ -67,7 +84,9 @@ def tpe(truth: Truth, seed: int = 0) -> optuna.samplers.BaseSampler:
 # -- the simulation runner ------------------------------------------------------------------------------
 
 
-def test_a_simulated_study_runs_the_default_first_records_like_the_worker_and_delivers_the_true_best(tmp_path: Path) -> None:
+def test_a_simulated_study_runs_the_default_first_records_like_the_worker_and_delivers_the_true_best(
+    tmp_path: Path,
+) -> None:
     truth = Truth(synthetic(residual=0.05), 0.1)
     sim = Simulation(truth, tpe(truth), tmp_path)
     sim.run(budget=8, checkpoints=(8,))
@@ -76,7 +95,9 @@ def test_a_simulated_study_runs_the_default_first_records_like_the_worker_and_de
     assert sim.builds == 8 and len({s.key for s in sim.steps if s.build}) == 8  # every route once, none rebuilt
     assert all({"accuracy", "failure"} <= set(t.constraints) for t in trials)  # tuner.study.outcome.record wrote them
     paired = [t for t in trials if t.user_attrs.get("paired")]
-    assert paired and all(t.user_attrs["timing"]["cycles"] >= 6 for t in paired)  # the real paired measurement's minimum
+    assert paired and all(
+        t.user_attrs["timing"]["cycles"] >= 6 for t in paired
+    )  # the real paired measurement's minimum
     assert sim.remeasures >= 1 and sim.study.user_attrs["racing"]  # racing re-measured the leaders
     assert sim.confirmed[8] == BEST and sim.steps[-1].delivered == BEST
     assert sim.seconds > 0  # the virtual clock advanced by the replayed calls
@@ -101,14 +122,20 @@ def test_runs_repeat_for_a_seed_and_differ_across_seeds() -> None:
 
 
 TUNER_CODE = {  # what the benchmark must run rather than copy: module -> functions
-    "tuner.measure.paired": ("measure_paired",), "tuner.worker.child": ("run_trial",), "tuner.worker.timing": ("time_trial",),
+    "tuner.measure.paired": ("measure_paired",),
+    "tuner.worker.child": ("run_trial",),
+    "tuner.worker.timing": ("time_trial",),
     "tuner.study.racing": ("standings", "to_race", "incumbent", "after_remeasure", "best_confirmed"),
-    "tuner.study.outcome": ("record",), "tuner.worker.confirm": ("judge_study",), "tuner.study.verdict": ("decide",),
+    "tuner.study.outcome": ("record",),
+    "tuner.worker.confirm": ("judge_study",),
+    "tuner.study.verdict": ("decide",),
     "tuner.measure.speedup": ("pooled_speedup",),
 }
 
 
-def test_the_benchmark_calls_the_tuners_measurement_racing_child_and_verdict(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_benchmark_calls_the_tuners_measurement_racing_child_and_verdict(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Every module that holds one of these functions gets a counting wrapper of the same function; a tiny run calls each."""
     import importlib
 
@@ -123,7 +150,9 @@ def test_the_benchmark_calls_the_tuners_measurement_racing_child_and_verdict(mon
                 calls[__label] += 1
                 return __f(*args, **kw)
 
-            for mod in [m for n, m in list(sys.modules.items()) if m and (n.startswith("tuner") or n.startswith("bench"))]:
+            for mod in [
+                m for n, m in list(sys.modules.items()) if m and (n.startswith("tuner") or n.startswith("bench"))
+            ]:
                 if getattr(mod, name, None) is original:
                     monkeypatch.setattr(mod, name, counted)
     truth = Truth(synthetic(residual=0.05), 0.1)
@@ -135,13 +164,26 @@ def test_the_benchmark_defines_no_measurement_racing_or_child_of_its_own() -> No
     """No module of bench/landscape defines a function or class named like the tuner's, nor imports the statistics racing pools with."""
     import importlib
 
-    tuner_names = {n for module in TUNER_CODE for n, v in vars(importlib.import_module(module)).items()
-                   if callable(v) and getattr(v, "__module__", None) == module and not n.startswith("_") and n != "main"}
+    tuner_names = {
+        n
+        for module in TUNER_CODE
+        for n, v in vars(importlib.import_module(module)).items()
+        if callable(v) and getattr(v, "__module__", None) == module and not n.startswith("_") and n != "main"
+    }
     for path in sorted((REPO / "bench" / "landscape").glob("*.py")):
         tree = ast.parse(path.read_text())
-        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef) and not n.name.startswith("_")}
+        defined = {
+            n.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef | ast.ClassDef) and not n.name.startswith("_")
+        }
         assert not defined & tuner_names, f"{path.name} defines {sorted(defined & tuner_names)}"
-        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "tuner.measure.speedup" for a in n.names}
+        imported = {
+            a.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module == "tuner.measure.speedup"
+            for a in n.names
+        }
         assert not imported, f"{path.name} pools measurements itself ({imported})"
 
 
@@ -150,15 +192,24 @@ def test_the_benchmark_defines_no_measurement_racing_or_child_of_its_own() -> No
 
 def test_delivered_regret_counts_what_the_study_delivers_not_what_was_built() -> None:
     truth = Truth(synthetic(), 0.1)
-    steps = [Step(BASE, True, J.OK, 40.0, True, BASE), Step(BEST, True, J.OK, 11.0, True, BASE),
-             Step(key(1, "x"), True, J.OK, 20.0, True, key(1, "x")), Step(key(0, "y"), True, J.OK, 30.0, True, BEST)]
+    steps = [
+        Step(BASE, True, J.OK, 40.0, True, BASE),
+        Step(BEST, True, J.OK, 11.0, True, BASE),
+        Step(key(1, "x"), True, J.OK, 20.0, True, key(1, "x")),
+        Step(key(0, "y"), True, J.OK, 30.0, True, BEST),
+    ]
     s = score(Run(steps, {}), truth, budget=10)
     assert truth.best == pytest.approx(11.0)
     assert s["builds_to_2pct"] == 2 and s["delivered_builds_to_2pct"] == 4  # built at 2, delivered from 4 on
     assert s["delivered_regret_at_10"] == pytest.approx(0.0) and s["delivered_within_2pct_at_10"]
     assert s["delivered_curve"] == pytest.approx([40 / 11, 40 / 11, 20 / 11, 1.0], rel=1e-4)
-    confirmed = score(Run(steps, {4: key(1, "x")}), truth, budget=10)  # the final confirmation delivered the 20 ms route
-    assert confirmed["delivered_regret_at_10"] == pytest.approx(20 / 11 - 1) and not confirmed["delivered_within_2pct_at_10"]
+    confirmed = score(
+        Run(steps, {4: key(1, "x")}), truth, budget=10
+    )  # the final confirmation delivered the 20 ms route
+    assert (
+        confirmed["delivered_regret_at_10"] == pytest.approx(20 / 11 - 1)
+        and not confirmed["delivered_within_2pct_at_10"]
+    )
     flaky = score(Run(steps, {4: key(1, "y")}), truth, budget=10)
     assert flaky["delivered_regret_at_10"] == math.inf  # an inaccurate route delivered is no delivery
     assert share([True, False, True, True]) == {"share": 0.75, "n": 4}
@@ -206,8 +257,10 @@ def test_every_strategy_spends_builds_on_distinct_routes_and_is_scored(name: str
 
 def _doc(shares: dict[str, list[float]]) -> dict:
     scenarios = {"s1": {"held_out": False}, "s2": {"held_out": False}, "h": {"held_out": True}}
-    results = {sc: {strat: {"delivered_within_2pct_at_30": {"share": v[i], "n": 20}} for strat, v in shares.items()}
-               for i, sc in enumerate(scenarios)}
+    results = {
+        sc: {strat: {"delivered_within_2pct_at_30": {"share": v[i], "n": 20}} for strat, v in shares.items()}
+        for i, sc in enumerate(scenarios)
+    }
     return {"scenarios": scenarios, "results": results, "strategies": {s: "" for s in shares}}
 
 

@@ -32,13 +32,22 @@ def test_userinfo_passwords_and_encoded_secrets_are_masked() -> None:
     scrubbed = scrub("auth failed for p@ss-w0rd with a+b (p%40ss-w0rd)", url)
     assert "p@ss" not in scrubbed and "a+b" not in scrubbed and "p%40ss" not in scrubbed
     assert not has_secret("postgresql://alice@db/t?sslmode=require") and not has_secret("sqlite:///x.db")
-    assert mask_credentials("see http://u:pw1@h/x and postgresql://v:pw2@h/y?pwd=pw3") == \
-        "see http://u:***@h/x and postgresql://v:***@h/y?pwd=***"
+    assert (
+        mask_credentials("see http://u:pw1@h/x and postgresql://v:pw2@h/y?pwd=pw3")
+        == "see http://u:***@h/x and postgresql://v:***@h/y?pwd=***"
+    )
 
 
 def test_the_environment_of_a_process_without_database_work_has_no_credentials() -> None:
-    env = {"PATH": "/bin", "TUNER_STORAGE": "postgresql://a:b@c/d", "PGPASSWORD": "x", "PGPASSFILE": "/p", "PGSSLKEY": "/k",
-           "PGHOST": "db", "CUDA_VISIBLE_DEVICES": "0"}
+    env = {
+        "PATH": "/bin",
+        "TUNER_STORAGE": "postgresql://a:b@c/d",
+        "PGPASSWORD": "x",
+        "PGPASSFILE": "/p",
+        "PGSSLKEY": "/k",
+        "PGHOST": "db",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
     assert env_without_credentials(env) == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}
 
 
@@ -48,7 +57,11 @@ def test_a_password_in_the_url_query_is_never_printed_or_stored(write_spec, pg_u
     spec = write_spec(**{"study.storage": url, "run.budget": 1})
     run = tuner("run", str(spec), "--no-confirm", env=WIDE)
     assert run.returncode == 0, run.stderr
-    shown = tuner("status", str(spec), env=WIDE), tuner("status", str(spec), "--json"), tuner("status", str(spec), "--storage", url, env=WIDE)
+    shown = (
+        tuner("status", str(spec), env=WIDE),
+        tuner("status", str(spec), "--json"),
+        tuner("status", str(spec), "--storage", url, env=WIDE),
+    )
     missing = tuner("status", str(write_spec("other.toml", **{"study.name": "other", "study.storage": url})), env=WIDE)
     dump = all_rows_text(pg_url)
     for result in (run, *shown, missing):

@@ -56,8 +56,12 @@ def _dead_pid() -> int:
 
 def _set_heartbeat(w: Worker, trial_id: int, seconds_ago: float) -> None:
     with w.leases.engine.begin() as conn:
-        conn.execute(text("UPDATE tuner_leases SET heartbeat_at = extract(epoch from clock_timestamp()) - :s WHERE trial_id = :t"),
-                     {"s": seconds_ago, "t": trial_id})
+        conn.execute(
+            text(
+                "UPDATE tuner_leases SET heartbeat_at = extract(epoch from clock_timestamp()) - :s WHERE trial_id = :t"
+            ),
+            {"s": seconds_ago, "t": trial_id},
+        )
 
 
 def test_a_trial_without_a_lease_ages_on_the_database_clock(worker: Worker) -> None:
@@ -65,8 +69,10 @@ def test_a_trial_without_a_lease_ages_on_the_database_clock(worker: Worker) -> N
     tid = _running_trial(worker, datetime.datetime.now() - datetime.timedelta(hours=1))
     assert worker.reap() == []  # not judged by the skewed local clock
     with worker.leases.engine.connect() as conn:
-        age = conn.execute(text("SELECT extract(epoch from clock_timestamp()) - heartbeat_at FROM tuner_leases WHERE trial_id = :t"),
-                           {"t": tid}).scalar()
+        age = conn.execute(
+            text("SELECT extract(epoch from clock_timestamp()) - heartbeat_at FROM tuner_leases WHERE trial_id = :t"),
+            {"t": tid},
+        ).scalar()
     assert 0 <= age < 30  # an ownerless lease stamped by the database clock when first seen
     _set_heartbeat(worker, tid, 61)  # a grace period later by that clock
     assert len(worker.reap()) == 1
@@ -114,8 +120,10 @@ def test_a_dead_pid_is_trusted_only_from_the_same_boot_and_pid_namespace(worker:
 
 def _waiting_on(admin: object, key: int) -> int:
     with admin.cursor() as cur:  # type: ignore[attr-defined]
-        cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
-                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        )
         return cur.fetchone()[0]
 
 
@@ -127,7 +135,9 @@ def test_first_time_set_ups_at_once_on_an_empty_database_all_succeed(write_spec,
         cur.execute("SELECT pg_advisory_lock(%s)", (key,))
     specs = [write_spec(f"s{i}.toml", **{"study.name": f"first{i}", "run.budget": 1}) for i in range(2)]
     procs = [start_tuner("db", "upgrade", "--storage", pg_url, log=tmp_path / f"up{i}.log") for i in range(3)]
-    procs += [start_tuner("run", str(s), "--no-confirm", "--storage", pg_url, log=tmp_path / f"{s.stem}.log") for s in specs]
+    procs += [
+        start_tuner("run", str(s), "--no-confirm", "--storage", pg_url, log=tmp_path / f"{s.stem}.log") for s in specs
+    ]
     deadline = time.monotonic() + 120
     while _waiting_on(holder, key) < len(procs):  # every set-up queues on the schema lock ...
         exited = [p.args for p in procs if p.poll() is not None]
@@ -138,7 +148,9 @@ def test_first_time_set_ups_at_once_on_an_empty_database_all_succeed(write_spec,
         cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
     holder.close()
     logs = [p.wait(timeout=300) for p in procs]
-    assert logs == [0] * len(procs), [(tmp_path / f).read_text() for f in sorted(os.listdir(tmp_path)) if f.endswith(".log")]
+    assert logs == [0] * len(procs), [
+        (tmp_path / f).read_text() for f in sorted(os.listdir(tmp_path)) if f.endswith(".log")
+    ]
     engine = create_engine(normalize_url(pg_url))
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM tuner_alembic_version")).scalar() == head_revision()
@@ -155,11 +167,22 @@ def test_every_postgresql_connection_has_bounded_waits_and_keepalives(pg_url) ->
     storage = open_storage(url)
     for engine in (get_engine(url), storage.engine):
         with engine.connect() as conn:
-            settings = {n: conn.execute(text(f"SHOW {n}")).scalar() for n in
-                        ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout", "tcp_keepalives_idle")}
+            settings = {
+                n: conn.execute(text(f"SHOW {n}")).scalar()
+                for n in (
+                    "statement_timeout",
+                    "lock_timeout",
+                    "idle_in_transaction_session_timeout",
+                    "tcp_keepalives_idle",
+                )
+            }
             dsn = conn.connection.dbapi_connection.get_dsn_parameters()
-        assert settings == {"statement_timeout": "5min", "lock_timeout": "1min", "idle_in_transaction_session_timeout": "5min",
-                            "tcp_keepalives_idle": "30"}
+        assert settings == {
+            "statement_timeout": "5min",
+            "lock_timeout": "1min",
+            "idle_in_transaction_session_timeout": "5min",
+            "tcp_keepalives_idle": "30",
+        }
         assert dsn["keepalives"] == "1" and dsn["keepalives_idle"] == "30"
 
 
@@ -187,11 +210,17 @@ with study_lock(sys.argv[1], "s"):
 def test_a_frozen_study_lock_holder_does_not_stall_the_other_workers(pg_url, tmp_path: Path) -> None:
     url = normalize_url(pg_url)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_PG_TIMEOUTS": "lock_hold_s=1"}
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), url, str(tmp_path / "held")], env=env,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HOLDER), url, str(tmp_path / "held")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_file(tmp_path / "held", holder)
-        waiter = subprocess.run([sys.executable, "-c", textwrap.dedent(WAITER), url], env=env, capture_output=True, text=True, timeout=120)
+        waiter = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(WAITER), url], env=env, capture_output=True, text=True, timeout=120
+        )
         assert waiter.returncode == 0 and waiter.stdout.strip() == "acquired", waiter.stderr
     finally:
         os.kill(holder.pid, signal.SIGCONT)
@@ -205,8 +234,10 @@ def test_bad_timeout_settings_are_one_line(write_spec, pg_url) -> None:
     assert result.returncode == 2
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1
-    assert err.endswith("$TUNER_PG_TIMEOUTS: 'lock_s=soon': expected name=positive number, names: statement_s, "
-                        "lock_s, idle_tx_s, keepalive_idle_s, keepalive_interval_s, keepalive_count, lock_hold_s")
+    assert err.endswith(
+        "$TUNER_PG_TIMEOUTS: 'lock_s=soon': expected name=positive number, names: statement_s, "
+        "lock_s, idle_tx_s, keepalive_idle_s, keepalive_interval_s, keepalive_count, lock_hold_s"
+    )
 
 
 # -- no password in the database ----------------------------------------------------------------
@@ -229,8 +260,10 @@ def test_upgrade_masks_passwords_stored_by_an_older_version(pg_url) -> None:
     engine = create_engine(normalize_url(pg_url))
     with engine.begin() as conn:
         command.upgrade(_alembic_config(conn), "0001")
-        conn.execute(text("INSERT INTO tuner_studies (name, fingerprint, spec_text, created_at) VALUES ('old', '{}', :t, 0)"),
-                     {"t": '[study]\nstorage = "postgresql://me:hunter2-x@db/tuning"\n'})
+        conn.execute(
+            text("INSERT INTO tuner_studies (name, fingerprint, spec_text, created_at) VALUES ('old', '{}', :t, 0)"),
+            {"t": '[study]\nstorage = "postgresql://me:hunter2-x@db/tuning"\n'},
+        )
     up = tuner("db", "upgrade", "--storage", pg_url)
     assert up.returncode == 0, up.stderr
     with engine.connect() as conn:

@@ -12,13 +12,26 @@ from optuna.trial import TrialState
 from tests.conftest import REPO, tuner
 from tests.helpers import status, trials
 
-SPACE = {"precision": ["fp32", "int8_static", "int8_dynamic"], "graph_optimization_level": ["all"], "execution_mode": ["sequential"],
-         "intra_op_threads": [0], "cpu_mem_arena": [True], "mem_pattern": [True]}
+SPACE = {
+    "precision": ["fp32", "int8_static", "int8_dynamic"],
+    "graph_optimization_level": ["all"],
+    "execution_mode": ["sequential"],
+    "intra_op_threads": [0],
+    "cpu_mem_arena": [True],
+    "mem_pattern": [True],
+}
 
 
 def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write_spec, pg_url) -> None:
-    spec = write_spec(**{"backend.name": "tests.backends:SkewedBackend", "backend.space": SPACE, "run.budget": 8,
-                         "data.gate_samples": 4, "run.sampler": "random"})
+    spec = write_spec(
+        **{
+            "backend.name": "tests.backends:SkewedBackend",
+            "backend.space": SPACE,
+            "run.budget": 8,
+            "data.gate_samples": 4,
+            "run.sampler": "random",
+        }
+    )
     run = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
     assert run.returncode == 0, run.stderr
     ts = [t for t in trials(pg_url, "tiny") if t.state.is_finished()]
@@ -29,14 +42,29 @@ def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write
     assert set(best) >= {"study", "trial", "route", "value", "baseline_value", "speedup", "accuracy", "feasible"}
     assert best["verdict"] == "unconfirmed" and best["export_trial"] is None  # --no-confirm: nothing is confirmed
     assert best["speedup"] == best["study_speedup"] == best["baseline_value"] / best["value"]
-    assert best["speedup_ci"] == ([1.0, 1.0] if best["trial"] == best["baseline_trial"] else None)  # no interval from one unpaired trial each
+    assert best["speedup_ci"] == (
+        [1.0, 1.0] if best["trial"] == best["baseline_trial"] else None
+    )  # no interval from one unpaired trial each
     assert best["feasible"] is True and best["route"]["precision"] == "fp32"
     assert best["accuracy"]["value"] <= best["accuracy"]["tolerance"]
     s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
-    assert set(s) >= {"study", "budget", "complete", "pruned", "failed", "running", "waiting", "feasible", "best_value", "baseline_value"}
+    assert set(s) >= {
+        "study",
+        "budget",
+        "complete",
+        "pruned",
+        "failed",
+        "running",
+        "waiting",
+        "feasible",
+        "best_value",
+        "baseline_value",
+    }
     assert s["budget"] == 8 and s["complete"] + s["pruned"] + s["failed"] == 8
     assert s["best_value"] == best["value"]
-    assert {k: s[k] for k in ("verdict", "speedup", "speedup_ci", "study_speedup")} == {k: best[k] for k in ("verdict", "speedup", "speedup_ci", "study_speedup")}
+    assert {k: s[k] for k in ("verdict", "speedup", "speedup_ci", "study_speedup")} == {
+        k: best[k] for k in ("verdict", "speedup", "speedup_ci", "study_speedup")
+    }
 
 
 def test_baseline_is_the_first_trial_once_across_restarts(write_spec, sqlite_url) -> None:
@@ -51,20 +79,37 @@ def test_baseline_is_the_first_trial_once_across_restarts(write_spec, sqlite_url
 
 def test_export_writes_engine_route_and_reproduction(write_spec, sqlite_url, tmp_path) -> None:
     spec = write_spec(**{"run.budget": 2})
-    run = subprocess.run([sys.executable, "-m", "tuner", "run", str(spec), "--storage", sqlite_url, "--no-confirm"], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    run = subprocess.run(
+        [sys.executable, "-m", "tuner", "run", str(spec), "--storage", sqlite_url, "--no-confirm"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert run.returncode == 0, run.stdout
     lines = run.stdout.splitlines()  # progress (stderr) and result (stdout) in one stream, as in a log file or CI
     assert any(line.startswith("Not confirmed") for line in lines), run.stdout  # the headline starts its own line
     out = tmp_path / "export"
-    refused = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out))  # unconfirmed: not exported unless asked for
-    assert refused.returncode == 2 and "not exporting" in refused.stderr and "--trial" in refused.stderr and not out.exists()
+    refused = tuner(
+        "best", str(spec), "--storage", sqlite_url, "--export", str(out)
+    )  # unconfirmed: not exported unless asked for
+    assert (
+        refused.returncode == 2
+        and "not exporting" in refused.stderr
+        and "--trial" in refused.stderr
+        and not out.exists()
+    )
     number = json.loads(tuner("best", str(spec), "--storage", sqlite_url, "--json").stdout)["trial"]
     result = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out), "--trial", str(number))
     assert result.returncode == 0, result.stderr
     doc = json.loads((out / "best.json").read_text())
     route = json.loads((out / "route.json").read_text())
-    assert route == doc["exported"]["route"] and doc["exported"]["trial"] == number and "--trial" in doc["exported"]["reason"]
+    assert (
+        route == doc["exported"]["route"]
+        and doc["exported"]["trial"] == number
+        and "--trial" in doc["exported"]["reason"]
+    )
     import hashlib
 
     assert hashlib.sha256((out / "engine.onnx").read_bytes()).hexdigest() == doc["exported"]["artifact_sha256"]

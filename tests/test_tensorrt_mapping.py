@@ -19,14 +19,25 @@ import pytest
 from tuner.backends.base import Artifact, BuildError, ModelInfo
 from tuner.backends.tensorrt.build import BuildTimeout, TimingCache, configure, gpt_route, make_monitor, network_flags
 from tuner.backends.tensorrt.cuda import DeviceFacts
-from tuner.backends.tensorrt.gpt import EMPTY, RouteRejected, compose_route, knob_params, parse_knob_database, study_attrs
+from tuner.backends.tensorrt.gpt import (
+    EMPTY,
+    RouteRejected,
+    compose_route,
+    knob_params,
+    parse_knob_database,
+    study_attrs,
+)
 from tuner.backends.tensorrt.run import verified_bytes
 from tuner.backends.tensorrt.space import trt_space
 from tuner.backends.tensorrt.version import Features
 from tuner.errors import TunerError
 from tuner.study.fingerprint import differences
 
-TRT10, TRT11, RTX = Features("tensorrt", "10.16.1.11"), Features("tensorrt", "11.4.0.106"), Features("tensorrt_rtx", "1.7.1.116")
+TRT10, TRT11, RTX = (
+    Features("tensorrt", "10.16.1.11"),
+    Features("tensorrt", "11.4.0.106"),
+    Features("tensorrt_rtx", "1.7.1.116"),
+)
 DEVICE = DeviceFacts(l2_bytes=60 << 20, free_bytes=2 << 30)
 MODEL = ModelInfo(Path("model.onnx"), {"x": (1, 3, 16, 16)})
 
@@ -34,10 +45,25 @@ MODEL = ModelInfo(Path("model.onnx"), {"x": (1, 3, 16, 16)})
 KNOB_DB = {
     "tuner_version": "2.19.45",
     "tuner_options": [
-        {"option": "-kgen:codegen:cuda_tile", "allowed_values": "-kgen:codegen:cuda_tile=[0|1|2|3]", "default_value": "1", "help": "cuda tile codegen"},
+        {
+            "option": "-kgen:codegen:cuda_tile",
+            "allowed_values": "-kgen:codegen:cuda_tile=[0|1|2|3]",
+            "default_value": "1",
+            "help": "cuda tile codegen",
+        },
         {"option": "-conv_lowering", "allowed_values": "-conv_lowering=[on|off]", "default_value": "on", "help": ""},
-        {"option": "-match_ragged_mha", "allowed_values": "-match_ragged_mha=[on|off]", "default_value": "off", "help": ""},
-        {"option": "-cask_fusion:num_tactics", "allowed_values": "-cask_fusion:num_tactics=int32_t", "default_value": "-1", "help": ""},
+        {
+            "option": "-match_ragged_mha",
+            "allowed_values": "-match_ragged_mha=[on|off]",
+            "default_value": "off",
+            "help": "",
+        },
+        {
+            "option": "-cask_fusion:num_tactics",
+            "allowed_values": "-cask_fusion:num_tactics=int32_t",
+            "default_value": "-1",
+            "help": "",
+        },
         {"option": "-peep:max", "allowed_values": "-peep:max=...", "default_value": "1", "help": ""},
     ],
 }
@@ -46,8 +72,12 @@ KNOB_DB = {
 def stand_in_trt() -> SimpleNamespace:
     """A stand-in for the `trt` module: the enums the backend reads, with TensorRT's member names."""
     return SimpleNamespace(
-        BuilderFlag=enum.IntEnum("BuilderFlag", "FP16 BF16 INT8 FP8 TF32 SPARSE_WEIGHTS OBEY_PRECISION_CONSTRAINTS", start=0),
-        TacticSource=enum.IntEnum("TacticSource", "CUBLAS CUBLAS_LT CUDNN EDGE_MASK_CONVOLUTIONS JIT_CONVOLUTIONS", start=0),
+        BuilderFlag=enum.IntEnum(
+            "BuilderFlag", "FP16 BF16 INT8 FP8 TF32 SPARSE_WEIGHTS OBEY_PRECISION_CONSTRAINTS", start=0
+        ),
+        TacticSource=enum.IntEnum(
+            "TacticSource", "CUBLAS CUBLAS_LT CUDNN EDGE_MASK_CONVOLUTIONS JIT_CONVOLUTIONS", start=0
+        ),
         TilingOptimizationLevel=enum.IntEnum("TilingOptimizationLevel", "NONE FAST MODERATE FULL", start=0),
         MemoryPoolType=enum.IntEnum("MemoryPoolType", "WORKSPACE", start=0),
         NetworkDefinitionCreationFlag=enum.IntEnum("NetworkDefinitionCreationFlag", "STRONGLY_TYPED", start=0),
@@ -59,7 +89,9 @@ class RecordingBuilderConfig:
     """A stand-in for IBuilderConfig: records every call; `build_route` may be made to read back altered."""
 
     def __init__(self, knobs: str = "", rewrite_route: Any = None, accept_tactics: bool = True) -> None:
-        self.__dict__.update(calls=[], all_build_routes=knobs, _route="", _rewrite=rewrite_route, _accept=accept_tactics)
+        self.__dict__.update(
+            calls=[], all_build_routes=knobs, _route="", _rewrite=rewrite_route, _accept=accept_tactics
+        )
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.calls.append(("set", name, value))
@@ -124,9 +156,20 @@ def test_default_route_sets_the_documented_defaults(features: Features) -> None:
 
 
 def test_every_knob_maps_to_its_call() -> None:
-    config = configured(TRT11, builder_optimization_level=5, tiling_optimization_level="MODERATE", l2_limit_pct=50,
-                        max_num_tactics=64, max_aux_streams=0, workspace_log2=32, tf32=False, sparse_weights=True,
-                        avg_timing_iterations=1, tactic_edge_mask=False, tactic_jit=True)
+    config = configured(
+        TRT11,
+        builder_optimization_level=5,
+        tiling_optimization_level="MODERATE",
+        l2_limit_pct=50,
+        max_num_tactics=64,
+        max_aux_streams=0,
+        workspace_log2=32,
+        tf32=False,
+        sparse_weights=True,
+        avg_timing_iterations=1,
+        tactic_edge_mask=False,
+        tactic_jit=True,
+    )
     props = config.props()
     assert props["builder_optimization_level"] == 5
     assert props["tiling_optimization_level"].name == "MODERATE"
@@ -168,17 +211,33 @@ def test_refused_tactic_sources_fail_the_build() -> None:
 def test_bounded_knobs_become_categorical_parameters() -> None:
     db = parse_knob_database(json.dumps(KNOB_DB))
     params = {p.name: p for p in knob_params(db, {})}
-    assert set(params) == {"knob:-kgen:codegen:cuda_tile", "knob:-conv_lowering", "knob:-match_ragged_mha"}  # unbounded left out
+    assert set(params) == {
+        "knob:-kgen:codegen:cuda_tile",
+        "knob:-conv_lowering",
+        "knob:-match_ragged_mha",
+    }  # unbounded left out
     assert params["knob:-kgen:codegen:cuda_tile"].choices == ("0", "1", "2", "3")
     assert params["knob:-kgen:codegen:cuda_tile"].default == "1"
-    assert db.default_route() == "-kgen:codegen:cuda_tile=1 -conv_lowering=on -match_ragged_mha=off -cask_fusion:num_tactics=-1 -peep:max=1"
+    assert (
+        db.default_route()
+        == "-kgen:codegen:cuda_tile=1 -conv_lowering=on -match_ragged_mha=off -cask_fusion:num_tactics=-1 -peep:max=1"
+    )
 
 
 def test_unbounded_knobs_need_explicit_values_from_the_study_file() -> None:
     db = parse_knob_database(json.dumps(KNOB_DB))
-    params = {p.name: p for p in knob_params(db, {"gpt_knobs": {"-cask_fusion:num_tactics": [10, 20], "peep:max": 2}, "gpt_select": "listed"})}
+    params = {
+        p.name: p
+        for p in knob_params(
+            db, {"gpt_knobs": {"-cask_fusion:num_tactics": [10, 20], "peep:max": 2}, "gpt_select": "listed"}
+        )
+    }
     assert set(params) == {"knob:-cask_fusion:num_tactics", "knob:-peep:max"}
-    assert params["knob:-cask_fusion:num_tactics"].choices == ("-1", "10", "20")  # the default stays: it is the baseline
+    assert params["knob:-cask_fusion:num_tactics"].choices == (
+        "-1",
+        "10",
+        "20",
+    )  # the default stays: it is the baseline
     assert params["knob:-peep:max"].choices == ("2",)  # a scalar fixes the knob
     with pytest.raises(TunerError, match="unknown knob"):
         knob_params(db, {"gpt_knobs": {"-no_such_knob": [1]}})
@@ -190,7 +249,9 @@ def test_route_string_composition_and_read_back() -> None:
     text = json.dumps(KNOB_DB)
     db = parse_knob_database(text)
     route = route_for(TRT11, db, **{"knob:-kgen:codegen:cuda_tile": "3", "knob:-conv_lowering": "off"})
-    expected = "-kgen:codegen:cuda_tile=3 -conv_lowering=off -match_ragged_mha=off -cask_fusion:num_tactics=-1 -peep:max=1"
+    expected = (
+        "-kgen:codegen:cuda_tile=3 -conv_lowering=off -match_ragged_mha=off -cask_fusion:num_tactics=-1 -peep:max=1"
+    )
     assert compose_route(db, route) == expected
     config = RecordingBuilderConfig(knobs=text)
     assert gpt_route(TRT11, config, route) == expected
@@ -201,7 +262,9 @@ def test_route_string_composition_and_read_back() -> None:
 def test_a_route_that_does_not_read_back_is_rejected() -> None:
     text = json.dumps(KNOB_DB)
     route = route_for(TRT11, parse_knob_database(text), **{"knob:-conv_lowering": "off"})
-    config = RecordingBuilderConfig(knobs=text, rewrite_route=lambda r: r.replace("-conv_lowering=off", "-conv_lowering=on"))
+    config = RecordingBuilderConfig(
+        knobs=text, rewrite_route=lambda r: r.replace("-conv_lowering=off", "-conv_lowering=on")
+    )
     with pytest.raises(RouteRejected, match="conv_lowering=off") as info:
         gpt_route(TRT11, config, route)
     assert info.value.failure_class == "route-rejected"
@@ -214,9 +277,15 @@ def test_a_changed_knob_database_makes_resume_refuse() -> None:
     changed = json.loads(json.dumps(KNOB_DB))
     changed["tuner_options"][0]["allowed_values"] = "-kgen:codegen:cuda_tile=[0|1|2]"
     new = parse_knob_database(json.dumps(changed))
-    diff = differences({"space": trt_space(TRT11, MODEL, old).describe()}, {"space": trt_space(TRT11, MODEL, new).describe()})
+    diff = differences(
+        {"space": trt_space(TRT11, MODEL, old).describe()}, {"space": trt_space(TRT11, MODEL, new).describe()}
+    )
     assert diff == ["search space differs in knob:-kgen:codegen:cuda_tile"]
-    assert study_attrs(old) == {"gpt_tuner_version": "2.19.45", "gpt_default_build_route": old.default_route(), "gpt_knobs": 5}
+    assert study_attrs(old) == {
+        "gpt_tuner_version": "2.19.45",
+        "gpt_default_build_route": old.default_route(),
+        "gpt_knobs": 5,
+    }
 
 
 def test_malformed_knob_database_is_a_clear_error() -> None:
@@ -251,7 +320,10 @@ class RecordingTimingCacheConfig:
 
 
 def test_timing_cache_policies(tmp_path: Path) -> None:
-    fresh, shared = TimingCache("fresh", tmp_path, "tensorrt 11.4 / H200"), TimingCache("shared", tmp_path, "tensorrt 11.4 / H200")
+    fresh, shared = (
+        TimingCache("fresh", tmp_path, "tensorrt 11.4 / H200"),
+        TimingCache("shared", tmp_path, "tensorrt 11.4 / H200"),
+    )
     first = RecordingTimingCacheConfig()
     shared.attach(first)
     kept = shared.save(first, "a" * 64)
@@ -264,7 +336,9 @@ def test_timing_cache_policies(tmp_path: Path) -> None:
     fresh.attach(third)
     assert third.loaded == b""  # fresh ignores it
     (shared.path).write_bytes(b"older")
-    assert fresh.save(third, "b" * 64).read_bytes() == b"timings" and shared.path.read_bytes() == b"older"  # fresh: kept per engine only
+    assert (
+        fresh.save(third, "b" * 64).read_bytes() == b"timings" and shared.path.read_bytes() == b"older"
+    )  # fresh: kept per engine only
     with pytest.raises(BuildError, match="timing_cache"):
         TimingCache("sometimes", tmp_path, "x")
 

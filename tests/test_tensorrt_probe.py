@@ -66,7 +66,9 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 TRT_ABSENT = not any(importlib.util.find_spec(name) for name, _ in MODULES)
-needs_no_trt = pytest.mark.skipif(not TRT_ABSENT, reason="a TensorRT module is importable here (e.g. the project's GPU image)")
+needs_no_trt = pytest.mark.skipif(
+    not TRT_ABSENT, reason="a TensorRT module is importable here (e.g. the project's GPU image)"
+)
 
 
 @needs_no_trt
@@ -103,7 +105,9 @@ def test_probe_json_for_an_available_backend() -> None:
 
 
 def test_rtx_is_detected_and_offers_no_gpt_knobs(stand_in: Path) -> None:
-    (stand_in / "tensorrt_rtx.py").write_text('"""Stand-in for TensorRT-RTX 1.7 (version only)."""\n__version__ = "1.7.1.116"\n')
+    (stand_in / "tensorrt_rtx.py").write_text(
+        '"""Stand-in for TensorRT-RTX 1.7 (version only)."""\n__version__ = "1.7.1.116"\n'
+    )
     backend = TensorRTBackend()
     assert backend.version() == "tensorrt_rtx 1.7.1.116"
     space = backend.space(ModelInfo(conv_model(stand_in / "m.onnx"), {}))
@@ -117,7 +121,12 @@ def test_knob_database_is_probed_in_a_child_and_recorded(stand_in: Path) -> None
     model = ModelInfo(conv_model(stand_in / "m.onnx"), {}, {"gpt_knobs": {"-cask_fusion:num_tactics": [10, 20]}})
     space = backend.space(model)
     knobs = [n for n in space.names() if n.startswith("knob:")]
-    assert knobs == ["knob:-kgen:codegen:cuda_tile", "knob:-conv_lowering", "knob:-match_ragged_mha", "knob:-cask_fusion:num_tactics"]
+    assert knobs == [
+        "knob:-kgen:codegen:cuda_tile",
+        "knob:-conv_lowering",
+        "knob:-match_ragged_mha",
+        "knob:-cask_fusion:num_tactics",
+    ]
     attrs = backend.study_attrs(model)
     assert attrs["trt"] == "tensorrt 11.4.0.106" and attrs["gpt_tuner_version"] == "2.19.45" and attrs["gpt_knobs"] == 5
     assert attrs["gpt_default_build_route"].startswith("-kgen:codegen:cuda_tile=1 -conv_lowering=on")

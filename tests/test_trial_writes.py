@@ -17,10 +17,24 @@ from tuner.study import outcome
 
 
 def _result() -> J.Result:
-    return J.Result(status=J.OK, latency={"median": 2.0, "mean": 2.1}, accuracy=0.0, accuracy_per_output={"y": 0.0},
-                    phase_s={"build": 0.1, "time": 0.2}, build_s=0.1, artifact_sha256="ab" * 32, artifact_bytes=10,
-                    paired={"paired": True, "speedup": 1.25, "ci": [1.2, 1.3], "confidence": 0.95, "stop": "precision",
-                            "running": [[c, 1.2 + c / 100, 1.1, 1.4] for c in range(5, 40)]})
+    return J.Result(
+        status=J.OK,
+        latency={"median": 2.0, "mean": 2.1},
+        accuracy=0.0,
+        accuracy_per_output={"y": 0.0},
+        phase_s={"build": 0.1, "time": 0.2},
+        build_s=0.1,
+        artifact_sha256="ab" * 32,
+        artifact_bytes=10,
+        paired={
+            "paired": True,
+            "speedup": 1.25,
+            "ci": [1.2, 1.3],
+            "confidence": 0.95,
+            "stop": "precision",
+            "running": [[c, 1.2 + c / 100, 1.1, 1.4] for c in range(5, 40)],
+        },
+    )
 
 
 def _statements(study: optuna.Study, extra: dict[str, Any]) -> tuple[int, optuna.trial.FrozenTrial]:
@@ -48,8 +62,14 @@ def test_a_trial_is_recorded_in_the_same_few_statements_whatever_its_attributes(
     assert few == many  # on main: two statements more per attribute
     for t in (first, second):
         assert t.state == optuna.trial.TrialState.COMPLETE and t.value == 4.0 / 1.25
-        assert t.system_attrs["constraints:accuracy"] == t.system_attrs["constraints:failure"] == -1.0  # as Trial.set_constraint
-        assert t.system_attrs["constraints"] == [-1.0, -1.0] and outcome.is_feasible(t)  # the legacy list the dashboard reads
+        assert (
+            t.system_attrs["constraints:accuracy"] == t.system_attrs["constraints:failure"] == -1.0
+        )  # as Trial.set_constraint
+        assert t.system_attrs["constraints"] == [-1.0, -1.0] and outcome.is_feasible(
+            t
+        )  # the legacy list the dashboard reads
         assert t.user_attrs["feasible"] is True and t.user_attrs["speedup_paired"] == 1.25
-        assert 1 < len(t.intermediate_values) <= outcome.MAX_REPORTS and t.intermediate_values[39] == 4.0 / (1.2 + 39 / 100)
+        assert 1 < len(t.intermediate_values) <= outcome.MAX_REPORTS and t.intermediate_values[39] == 4.0 / (
+            1.2 + 39 / 100
+        )
     assert second.user_attrs["extra_39"] == 39

@@ -7,18 +7,20 @@ import math
 import numpy as np
 import pytest
 
+from tuner import job as J
 from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.measure.timing import TimingPolicy, measure, summarize
 from tuner.space import Param, SearchSpace, canonical_route
 from tuner.store.urls import mask_url, normalize_url, scrub
 from tuner.study.outcome import accuracy_violation, judge
-from tuner import job as J
 
-SPACE = SearchSpace((
-    Param("precision", ("fp32", "int8"), "fp32"),
-    Param("per_channel", (True, False), True, when=lambda r: r["precision"] == "int8"),
-    Param("threads", (0, 1, 2), 0),
-))
+SPACE = SearchSpace(
+    (
+        Param("precision", ("fp32", "int8"), "fp32"),
+        Param("per_channel", (True, False), True, when=lambda r: r["precision"] == "int8"),
+        Param("threads", (0, 1, 2), 0),
+    )
+)
 
 
 def test_default_route_and_conditions() -> None:
@@ -76,7 +78,12 @@ def test_timing_respects_count_and_duration() -> None:
     samples = measure(once, TimingPolicy(warmup_s=0.0, min_repeats=7, min_duration_s=0.0))
     assert len(samples) == 7 and len(calls) == 8  # one warm-up
     stats = summarize([1.0, 2.0, 3.0, 4.0])
-    assert stats.median == 2.5 and stats.min == 1.0 and stats.count == 4 and stats.cv == pytest.approx(np.std([1, 2, 3, 4]) / 2.5)
+    assert (
+        stats.median == 2.5
+        and stats.min == 1.0
+        and stats.count == 4
+        and stats.cv == pytest.approx(np.std([1, 2, 3, 4]) / 2.5)
+    )
 
 
 def test_outcome_encoding() -> None:

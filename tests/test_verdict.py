@@ -20,8 +20,15 @@ def _study(*trials: tuple[str, float, float], paired: dict[int, dict[str, Any]] 
     for n, (noop, value, accuracy) in enumerate(trials):
         attrs: dict[str, Any] = {"source": "baseline"} if n == 0 else {}
         attrs.update((paired or {}).get(n, {}))
-        study.add_trial(optuna.trial.create_trial(params={"noop": noop}, distributions=DIST, value=value, user_attrs=attrs,
-                                                  constraints={"accuracy": accuracy, "failure": -1.0}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"noop": noop},
+                distributions=DIST,
+                value=value,
+                user_attrs=attrs,
+                constraints={"accuracy": accuracy, "failure": -1.0},
+            )
+        )
     return study
 
 
@@ -29,10 +36,22 @@ def _decide(study: optuna.Study, confirmation: dict[str, Any] | None = None) -> 
     return V.decide(summarize_study(study), confirmation, study.get_trials(deepcopy=False))
 
 
-def _confirmation(verdict: str, trial: int, speedup: float, ci: list[float], winner: int | None = None, **extra: Any) -> dict[str, Any]:
-    return {"verdict": verdict, "trial": trial, "winner_trial": winner, "speedup": speedup, "ci": ci, "confidence": 0.95,
-            "rounds": 8, "study_best_trial": extra.pop("study_best_trial", trial), "candidates": [{"trial": trial}],
-            "message": "m", **extra}
+def _confirmation(
+    verdict: str, trial: int, speedup: float, ci: list[float], winner: int | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "verdict": verdict,
+        "trial": trial,
+        "winner_trial": winner,
+        "speedup": speedup,
+        "ci": ci,
+        "confidence": 0.95,
+        "rounds": 8,
+        "study_best_trial": extra.pop("study_best_trial", trial),
+        "candidates": [{"trial": trial}],
+        "message": "m",
+        **extra,
+    }
 
 
 THREE = (("a", 10.0, -1.0), ("b", 8.0, -1.0), ("c", 5.0, 0.5))  # trial 2 is fastest but breaks the tolerance
@@ -44,7 +63,9 @@ def test_without_a_confirmation_the_study_estimate_is_unconfirmed_and_nothing_is
     assert head.estimate == head.study == V.Estimate(1.25)  # baseline value / best feasible value, no interval
     assert head.export_trial is None and head.baseline_trial == 0
     doc = head.to_json()
-    assert doc["verdict"] == "unconfirmed" and doc["speedup"] == doc["study_speedup"] == 1.25 and doc["speedup_ci"] is None
+    assert (
+        doc["verdict"] == "unconfirmed" and doc["speedup"] == doc["study_speedup"] == 1.25 and doc["speedup_ci"] is None
+    )
     assert "Not confirmed" in head.sentence and "unpaired" in head.sentence and "trial 1" in head.sentence
 
 
@@ -59,22 +80,36 @@ def test_the_paired_trial_measurement_is_the_study_estimate_where_it_exists() ->
 
 
 def test_before_the_confirmation_racing_s_confirmed_best_leads() -> None:
-    paired = {n: {"paired": True, "speedup_paired": s, "speedup_paired_ci": [s - 0.1, s + 0.1]} for n, s in ((1, 1.3), (3, 1.2))}
-    study = _study(*THREE, ("d", 9.0, -1.0), paired=paired)  # trial 1 is the study's best by value; 3 was re-measured and confirmed
+    paired = {
+        n: {"paired": True, "speedup_paired": s, "speedup_paired_ci": [s - 0.1, s + 0.1]}
+        for n, s in ((1, 1.3), (3, 1.2))
+    }
+    study = _study(
+        *THREE, ("d", 9.0, -1.0), paired=paired
+    )  # trial 1 is the study's best by value; 3 was re-measured and confirmed
     study.set_user_attr("racing", {"3": {"speedup_refined": 1.25, "speedup_refined_ci": [1.2, 1.3], "remeasured": 1}})
     _, head = V.study_headline(study)
-    assert head.verdict == V.UNCONFIRMED and head.trial is not None and head.trial.number == 3 and head.export_trial is None
+    assert (
+        head.verdict == V.UNCONFIRMED
+        and head.trial is not None
+        and head.trial.number == 3
+        and head.export_trial is None
+    )
     assert head.study == V.Estimate(1.25, 1.2, 1.3, paired=True)
 
 
-@pytest.mark.parametrize(("stored", "verdict", "factor", "ci", "exports"), [
-    ("speedup", V.SPEEDUP, 1.3, [1.2, 1.4], 1),
-    ("no-significant-speedup", V.NO_SIGNIFICANT, 1.02, [0.95, 1.1], 0),
-    ("default-is-fastest", V.DEFAULT_IS_FASTEST, 0.8, [0.7, 0.9], 0),
-    ("default-fastest", V.DEFAULT_IS_FASTEST, 0.8, [0.7, 0.9], 0),  # stored by earlier versions
-])
-def test_a_confirmation_decides_and_exports_the_winner_or_the_default(stored: str, verdict: str, factor: float, ci: list[float],
-                                                                     exports: int) -> None:
+@pytest.mark.parametrize(
+    ("stored", "verdict", "factor", "ci", "exports"),
+    [
+        ("speedup", V.SPEEDUP, 1.3, [1.2, 1.4], 1),
+        ("no-significant-speedup", V.NO_SIGNIFICANT, 1.02, [0.95, 1.1], 0),
+        ("default-is-fastest", V.DEFAULT_IS_FASTEST, 0.8, [0.7, 0.9], 0),
+        ("default-fastest", V.DEFAULT_IS_FASTEST, 0.8, [0.7, 0.9], 0),  # stored by earlier versions
+    ],
+)
+def test_a_confirmation_decides_and_exports_the_winner_or_the_default(
+    stored: str, verdict: str, factor: float, ci: list[float], exports: int
+) -> None:
     study = _study(*THREE)
     head = _decide(study, _confirmation(stored, 1, factor, ci, winner=1 if stored == "speedup" else None))
     assert head.verdict == verdict and head.trial is not None and head.trial.number == 1
@@ -87,17 +122,31 @@ def test_a_confirmation_decides_and_exports_the_winner_or_the_default(stored: st
 
 
 def test_a_confirmation_that_could_not_judge_leaves_the_study_unconfirmed() -> None:
-    conf = {"verdict": "nothing-to-confirm", "rounds": 8, "candidates": [{"trial": 1, "failure": "crash-signal"}],
-            "message": "nothing to confirm: on re-measurement every candidate failed", "study_best_trial": 1}
+    conf = {
+        "verdict": "nothing-to-confirm",
+        "rounds": 8,
+        "candidates": [{"trial": 1, "failure": "crash-signal"}],
+        "message": "nothing to confirm: on re-measurement every candidate failed",
+        "study_best_trial": 1,
+    }
     head = _decide(_study(*THREE), conf)
     assert head.verdict == V.UNCONFIRMED and head.export_trial is None and "every candidate failed" in head.sentence
 
 
 def test_a_study_where_only_the_default_is_feasible_keeps_the_default() -> None:
     study = _study(("a", 10.0, -1.0), ("b", 5.0, 0.5))
-    conf = {"verdict": "nothing-to-confirm", "rounds": 0, "candidates": [], "message": "nothing to confirm: no feasible route"}
+    conf = {
+        "verdict": "nothing-to-confirm",
+        "rounds": 0,
+        "candidates": [],
+        "message": "nothing to confirm: no feasible route",
+    }
     head = _decide(study, conf)
-    assert head.verdict == V.DEFAULT_IS_FASTEST and head.export_trial == 0 and head.estimate == V.Estimate(1.0, 1.0, 1.0, paired=True)
+    assert (
+        head.verdict == V.DEFAULT_IS_FASTEST
+        and head.export_trial == 0
+        and head.estimate == V.Estimate(1.0, 1.0, 1.0, paired=True)
+    )
     assert _decide(study).verdict == V.UNCONFIRMED  # before the confirmation ran, nothing is decided
 
 

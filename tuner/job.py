@@ -45,22 +45,39 @@ def outcome(name: str, doc: str, tally: str = "failed", deterministic: bool = Fa
 # (`TrialFailure.failure_class`, tuner/errors.py); the README's list is generated from here.
 OK = outcome("ok", "timed and within the accuracy tolerance", "complete", deterministic=True)
 GATE_FAILED = outcome("accuracy-gate", "failed the quick accuracy gate; never timed", "pruned", deterministic=True)
-ACCURACY = outcome("accuracy", "timed, but full accuracy is outside the tolerance (infeasible)", "complete", deterministic=True)
+ACCURACY = outcome(
+    "accuracy", "timed, but full accuracy is outside the tolerance (infeasible)", "complete", deterministic=True
+)
 BUILD_ERROR = outcome("build-error", "the backend could not build the route", deterministic=True)
 RUNTIME_ERROR = outcome("runtime-error", "the engine was built but raised while loading or running")
-RUNTIME_UNSUPPORTED = outcome("runtime-unsupported", "the engine was built but this machine's runtime refuses to run it", deterministic=True)
-INVALID_ROUTE = outcome("invalid-route", "the route breaks a rule of the search space; nothing was built", deterministic=True)
-UNKNOWN_SWITCH = outcome("unknown-switch", "Inductor: a configuration name or value the installed torch does not accept")
+RUNTIME_UNSUPPORTED = outcome(
+    "runtime-unsupported", "the engine was built but this machine's runtime refuses to run it", deterministic=True
+)
+INVALID_ROUTE = outcome(
+    "invalid-route", "the route breaks a rule of the search space; nothing was built", deterministic=True
+)
+UNKNOWN_SWITCH = outcome(
+    "unknown-switch", "Inductor: a configuration name or value the installed torch does not accept"
+)
 ROUTE_REJECTED = outcome("route-rejected", "TensorRT did not take the build route as given; nothing was built")
 TIMEOUT = outcome("timeout", "the trial ran past its wall-clock limit; its process group was killed")
-CRASH_SIGNAL = outcome("crash-signal", "the trial's child died of a signal (segfault, abort); SIGKILL is an environment error")
+CRASH_SIGNAL = outcome(
+    "crash-signal", "the trial's child died of a signal (segfault, abort); SIGKILL is an environment error"
+)
 CRASH_EXIT = outcome("crash-exit", "the trial's child exited without a result")
 SLOW = outcome("slow", "stopped during timing: its paired speedup interval already lay below the incumbent's", "pruned")
-KNOWN_FAILURE = outcome("known-failure", "needs a product (variant, prepared model) that already failed to build; no child ran, no budget used")
+KNOWN_FAILURE = outcome(
+    "known-failure",
+    "needs a product (variant, prepared model) that already failed to build; no child ran, no budget used",
+)
 INTERRUPTED = outcome("interrupted", "the run was stopped (Ctrl-C, SIGTERM) while the trial ran", "requeued")
 LOST = outcome("lost", "the trial's worker vanished; a live worker reaped it", "requeued")
-ENVIRONMENT_ERROR = outcome("environment-error", "the machine, not the route: disk full, out of memory (SIGKILL), device busy; "
-                            "run again up to 3 times, never cached, then re-queued while the worker pauses", "requeued")
+ENVIRONMENT_ERROR = outcome(
+    "environment-error",
+    "the machine, not the route: disk full, out of memory (SIGKILL), device busy; "
+    "run again up to 3 times, never cached, then re-queued while the worker pauses",
+    "requeued",
+)
 
 
 def outcomes(tally: str) -> frozenset[str]:
@@ -132,8 +149,12 @@ class Result:
     artifact_path: str | None = None
     artifact_sha256: str | None = None
     artifact_bytes: int | None = None
-    build_info: dict[str, Any] = field(default_factory=dict)  # what the build reported (Artifact.info), e.g. how it optimised
-    peak_memory_mb: float | None = None  # what loading and running the engine added at its highest (tuner.measure.memory)
+    build_info: dict[str, Any] = field(
+        default_factory=dict
+    )  # what the build reported (Artifact.info), e.g. how it optimised
+    peak_memory_mb: float | None = (
+        None  # what loading and running the engine added at its highest (tuner.measure.memory)
+    )
     memory_kind: str = ""  # "host-rss" or "device"
     latency: dict[str, float] | None = None
     samples_ms: list[float] = field(default_factory=list)

@@ -54,27 +54,50 @@ def setting(default: Any, doc: str, **kw: Any) -> Any:
 class ObjectiveSpec:
     """Which latency statistic to minimise and how to measure it (`tuner.measure.paired`, `tuner.worker.timing`)."""
 
-    statistic: str = setting("median", "the latency statistic minimised (over each timing block's calls)",
-                             choices=STATISTICS, late=True)
+    statistic: str = setting(
+        "median", "the latency statistic minimised (over each timing block's calls)", choices=STATISTICS, late=True
+    )
     warmup_s: float = setting(0.2, "the least warm-up per engine; it goes on until block statistics agree", minimum=0.0)
     min_repeats: int = setting(20, "the fewest timed calls per engine", minimum=1)
     min_duration_s: float | None = setting(
-        None, "the least measuring time (paired: both engines together)", minimum=0.0, device={CPU: 0.5, GPU: 3.0})
-    mode: str = setting(PER_CALL, "'per-call' latency, or 'pipelined': back-to-back calls, mean per call", choices=MODES)
-    target_halfwidth: float = setting(0.02, "stop when the speedup interval is within about ±this", minimum=0.0, strict=True,
-                                      below=1.0, bound_hint="a relative half-width below 1 (0.02 is ±2 %)")
+        None, "the least measuring time (paired: both engines together)", minimum=0.0, device={CPU: 0.5, GPU: 3.0}
+    )
+    mode: str = setting(
+        PER_CALL, "'per-call' latency, or 'pipelined': back-to-back calls, mean per call", choices=MODES
+    )
+    target_halfwidth: float = setting(
+        0.02,
+        "stop when the speedup interval is within about ±this",
+        minimum=0.0,
+        strict=True,
+        below=1.0,
+        bound_hint="a relative half-width below 1 (0.02 is ±2 %)",
+    )
     timing_cap_s: float | None = setting(
-        None, "the most a trial's timing may take (the minimum cycles always run)", minimum=0.0, strict=True,
-        device={CPU: 10.0, GPU: 20.0})
-    block_s: float | None = setting(None, "the length of one timing block", minimum=0.0, strict=True,
-                                    device={CPU: 0.05, GPU: 0.05})
+        None,
+        "the most a trial's timing may take (the minimum cycles always run)",
+        minimum=0.0,
+        strict=True,
+        device={CPU: 10.0, GPU: 20.0},
+    )
+    block_s: float | None = setting(
+        None, "the length of one timing block", minimum=0.0, strict=True, device={CPU: 0.05, GPU: 0.05}
+    )
     contention: str = setting(
-        EXCLUSIVE, "'exclusive': a timing cycle during which other processes took a core the timing needed is timed again, "
+        EXCLUSIVE,
+        "'exclusive': a timing cycle during which other processes took a core the timing needed is timed again, "
         "and a measurement that stays contended decides nothing; 'measured': contention is recorded, not acted on",
-        choices=CONTENTION, late=True)
+        choices=CONTENTION,
+        late=True,
+    )
     max_memory_mb: float | None = setting(
-        None, "the most memory (MiB) an engine may add while it loads and runs: host RSS on the CPU, device memory on a GPU; "
-        "a route above it is infeasible", minimum=0.0, strict=True, key=False)  # decides feasibility, not what is measured
+        None,
+        "the most memory (MiB) an engine may add while it loads and runs: host RSS on the CPU, device memory on a GPU; "
+        "a route above it is infeasible",
+        minimum=0.0,
+        strict=True,
+        key=False,
+    )  # decides feasibility, not what is measured
 
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> ObjectiveSpec:
@@ -87,7 +110,9 @@ class ObjectiveSpec:
 
     def resolved(self, device: str) -> ObjectiveSpec:
         """These settings with every unset (None) one at `device`'s default (CPU or GPU)."""
-        return replace(self, **{name: s.device[device] for name, _, s in settings() if s.device and getattr(self, name) is None})
+        return replace(
+            self, **{name: s.device[device] for name, _, s in settings() if s.device and getattr(self, name) is None}
+        )
 
 
 def settings() -> list[tuple[str, Any, Setting]]:

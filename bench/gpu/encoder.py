@@ -90,7 +90,9 @@ def export(path: Path, pooled: bool = False) -> Path:
     model, example = build(pooled)
     path.parent.mkdir(parents=True, exist_ok=True)
     output = "embedding" if pooled else "hidden"
-    torch.onnx.export(model, example, str(path), input_names=["input_ids"], output_names=[output], opset_version=17, dynamo=False)
+    torch.onnx.export(
+        model, example, str(path), input_names=["input_ids"], output_names=[output], opset_version=17, dynamo=False
+    )
     return path
 
 

@@ -40,7 +40,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--trials", type=int, default=None, help="override each study's budget")
     p.add_argument("--timeout", type=float, default=480.0, help="seconds allowed for each `tuner run`")
-    p.add_argument("--smoke", action="store_true", help="first check the runner, the CUDA-event timer and CUDA graphs; stop if they fail")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="first check the runner, the CUDA-event timer and CUDA graphs; stop if they fail",
+    )
     args = p.parse_args()
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` from outside: stop the study, keep what it did
     doc: dict[str, Any] = {"environment": environment(), "studies": []}
@@ -85,8 +89,13 @@ def environment() -> dict[str, Any]:
 
     from tuner.measure.gpu_timing import CudaEventTimer, GpuTimingError
 
-    env: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-                           "gpus": _smi(["-L"]).splitlines(), "cpus": os.cpu_count()}
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": _smi(["-L"]).splitlines(),
+        "cpus": os.cpu_count(),
+    }
     try:
         import triton
 
@@ -127,8 +136,13 @@ def smoke() -> dict[str, Any]:
             got = [runner.infer(feed)["y"] for _ in range(4)][-1]
             once = runner.timed(feed)
             stats = summarize([once() * 1000 for _ in range(200)])
-            out[mode] = {"max_abs_vs_eager": float(np.abs(got - want).max()), "compile_and_check_s": round(time.perf_counter() - t0, 2),
-                         "median_ms": stats.median, "cv": stats.cv, "timing_info": runner.timing_info()}
+            out[mode] = {
+                "max_abs_vs_eager": float(np.abs(got - want).max()),
+                "compile_and_check_s": round(time.perf_counter() - t0, 2),
+                "median_ms": stats.median,
+                "cv": stats.cv,
+                "timing_info": runner.timing_info(),
+            }
             runner.close()
     except Exception as exc:  # report, and let the caller stop before spending device time on studies
         import traceback
@@ -152,8 +166,16 @@ class GpuSampler:
         self.rows: list[list[str]] = []
         try:
             self.proc: subprocess.Popen[str] | None = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,clocks.sm", "--format=csv,noheader,nounits", "-l", "1"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                [
+                    "nvidia-smi",
+                    "--query-gpu=index,utilization.gpu,memory.used,clocks.sm",
+                    "--format=csv,noheader,nounits",
+                    "-l",
+                    "1",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
             )
         except OSError:  # no nvidia-smi: a CPU dry run
             self.proc = None
@@ -176,10 +198,13 @@ class GpuSampler:
         for gpu in sorted({r[0] for r in self.rows if len(r) == 4}):
             rows = [r for r in self.rows if len(r) == 4 and r[0] == gpu and r[1].isdigit()]
             util = [int(r[1]) for r in rows]
-            out[gpu] = {"samples": len(rows), "mean_util_pct": round(statistics.fmean(util), 1) if util else None,
-                        "busy_share": round(sum(u > 0 for u in util) / len(util), 3) if util else None,
-                        "peak_mem_mib": max((int(r[2]) for r in rows if r[2].isdigit()), default=None),
-                        "max_sm_clock_mhz": max((int(r[3]) for r in rows if r[3].isdigit()), default=None)}
+            out[gpu] = {
+                "samples": len(rows),
+                "mean_util_pct": round(statistics.fmean(util), 1) if util else None,
+                "busy_share": round(sum(u > 0 for u in util) / len(util), 3) if util else None,
+                "peak_mem_mib": max((int(r[2]) for r in rows if r[2].isdigit()), default=None),
+                "max_sm_clock_mhz": max((int(r[3]) for r in rows if r[3].isdigit()), default=None),
+            }
         return out
 
 
@@ -199,8 +224,14 @@ def run_study(spec_path: Path, gpus: str, trials: int | None, timeout: float, lo
     with open(log, "w") as f:
         rc = run_bounded(cmd, f, timeout)
     wall = time.time() - t0
-    return {"study": spec.study, "storage": storage, "returncode": rc, "run_wall_s": round(wall, 1),
-            "gpu_samples": sampler.stop(), **collect(spec, storage, wall)}
+    return {
+        "study": spec.study,
+        "storage": storage,
+        "returncode": rc,
+        "run_wall_s": round(wall, 1),
+        "gpu_samples": sampler.stop(),
+        **collect(spec, storage, wall),
+    }
 
 
 def run_bounded(cmd: list[str], log: Any, timeout: float) -> int | str:
@@ -230,16 +261,28 @@ def collect(spec: Any, storage: str, wall: float) -> dict[str, Any]:
     for t in study.get_trials(deepcopy=False):
         result_file = ctx.trials_dir / f"{t.number:05d}" / "result.json"
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
-        trials.append({
-            "number": t.number, "state": t.state.name, "params": t.params, "value_ms": t.value,
-            "failure_class": t.user_attrs.get("failure_class", ""), "message": t.user_attrs.get("message", "")[:300],
-            "worker": t.user_attrs.get("worker"), "build_s": t.user_attrs.get("build_s"),
-            "latency_ms": t.user_attrs.get("latency_ms"), "accuracy": t.user_attrs.get("accuracy"),
-            "wall_s": (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None,
-            "timing_info": result.get("timing_info"), "artifact_bytes": result.get("artifact_bytes"),
-            "speedup_paired": t.user_attrs.get("speedup_paired"), "speedup_paired_ci": t.user_attrs.get("speedup_paired_ci"),
-            "timing": t.user_attrs.get("timing"),
-        })
+        trials.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "params": t.params,
+                "value_ms": t.value,
+                "failure_class": t.user_attrs.get("failure_class", ""),
+                "message": t.user_attrs.get("message", "")[:300],
+                "worker": t.user_attrs.get("worker"),
+                "build_s": t.user_attrs.get("build_s"),
+                "latency_ms": t.user_attrs.get("latency_ms"),
+                "accuracy": t.user_attrs.get("accuracy"),
+                "wall_s": (t.datetime_complete - t.datetime_start).total_seconds()
+                if t.datetime_complete and t.datetime_start
+                else None,
+                "timing_info": result.get("timing_info"),
+                "artifact_bytes": result.get("artifact_bytes"),
+                "speedup_paired": t.user_attrs.get("speedup_paired"),
+                "speedup_paired_ci": t.user_attrs.get("speedup_paired_ci"),
+                "timing": t.user_attrs.get("timing"),
+            }
+        )
     finished = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED", "FAIL")]
     builds = [t["build_s"] for t in trials if t["build_s"] is not None]
     return {
@@ -290,10 +333,12 @@ def side_by_side(spec_path: Path, storage: str, rounds: int) -> dict[str, Any]:
     for label, stats in per_round.items():
         medians = [s["median"] for s in stats]
         out[label] = {
-            "median_ms": statistics.median(medians), "round_medians_ms": [round(m, 5) for m in medians],
+            "median_ms": statistics.median(medians),
+            "round_medians_ms": [round(m, 5) for m in medians],
             "cv_between_rounds": statistics.pstdev(medians) / statistics.fmean(medians),
             "cv_within_round_median": statistics.median(s["cv"] for s in stats),
-            "compile_s": runners[label][1].get("compile_s"), "cache_hits": runners[label][1].get("cache_hits"),
+            "compile_s": runners[label][1].get("compile_s"),
+            "cache_hits": runners[label][1].get("cache_hits"),
             "timing_info": runners[label][0].timing_info(),
         }
     ratios = [d["median"] / w["median"] for d, w in zip(per_round["default"], per_round["winner"])]
@@ -314,16 +359,38 @@ def paired_in_process(winner: Any, default: Any, feed: Any, objective: Any) -> d
     from tuner.measure.paired import measure_paired
     from tuner.worker.timing import block_fn, policy_for
 
-    job = J.Job(backend="", route={}, model_path="", input_shapes={}, options={}, work_dir="", out_dir="", feeds_path="", reference_path="",
-                metric="", tolerance=0.0, atol=0.0, rtol=0.0, gate_samples=0, timeout_s=0.0, objective=objective)
-    r = measure_paired(block_fn(winner, feed, objective.mode), block_fn(default, feed, objective.mode), policy_for(job, gpu=True))
+    job = J.Job(
+        backend="",
+        route={},
+        model_path="",
+        input_shapes={},
+        options={},
+        work_dir="",
+        out_dir="",
+        feeds_path="",
+        reference_path="",
+        metric="",
+        tolerance=0.0,
+        atol=0.0,
+        rtol=0.0,
+        gate_samples=0,
+        timeout_s=0.0,
+        objective=objective,
+    )
+    r = measure_paired(
+        block_fn(winner, feed, objective.mode), block_fn(default, feed, objective.mode), policy_for(job, gpu=True)
+    )
 
     def spread(values: list[float]) -> dict[str, float]:
         return {"min": min(values), "max": max(values), "cv": statistics.pstdev(values) / statistics.fmean(values)}
 
     cycle_ratios = [math.exp(d) for d in r.log_ratios]
-    return {**r.summary(), "cycle_speedup": spread(cycle_ratios), "default_block_ms": spread(r.baseline_blocks),
-            "winner_block_ms": spread(r.candidate_blocks)}
+    return {
+        **r.summary(),
+        "cycle_speedup": spread(cycle_ratios),
+        "default_block_ms": spread(r.baseline_blocks),
+        "winner_block_ms": spread(r.candidate_blocks),
+    }
 
 
 if __name__ == "__main__":

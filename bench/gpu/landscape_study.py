@@ -71,8 +71,16 @@ def paired_table(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for t in trials:
         if t["state"] not in FINISHED:
             continue
-        out.append({"number": t["number"], "route": route_hash(t["params"]) if t["params"] else None, "state": t["state"],
-                    "failure_class": t["failure_class"], "speedup": t.get("speedup_paired"), "ci": t.get("speedup_paired_ci")})
+        out.append(
+            {
+                "number": t["number"],
+                "route": route_hash(t["params"]) if t["params"] else None,
+                "state": t["state"],
+                "failure_class": t["failure_class"],
+                "speedup": t.get("speedup_paired"),
+                "ci": t.get("speedup_paired_ci"),
+            }
+        )
     return out
 
 
@@ -80,9 +88,16 @@ def throughput(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Trials per hour end to end per worker count, relative to one worker, and the agreement of common routes."""
     rows = {r["workers"]: r for r in runs if r.get("trials_per_hour_wall")}
     one = rows.get(1, {}).get("trials_per_hour_wall")
-    table = {w: {"trials_per_hour_end_to_end": r["trials_per_hour_wall"], "trials_per_hour_window": r.get("trials_per_hour"),
-                 "vs_1_worker": round(r["trials_per_hour_wall"] / one, 2) if one else None, "run_wall_s": r.get("run_wall_s"),
-                 "gpu": r.get("gpu_samples")} for w, r in sorted(rows.items())}
+    table = {
+        w: {
+            "trials_per_hour_end_to_end": r["trials_per_hour_wall"],
+            "trials_per_hour_window": r.get("trials_per_hour"),
+            "vs_1_worker": round(r["trials_per_hour_wall"] / one, 2) if one else None,
+            "run_wall_s": r.get("run_wall_s"),
+            "gpu": r.get("gpu_samples"),
+        }
+        for w, r in sorted(rows.items())
+    }
     speedups: dict[str, dict[int, float]] = {}
     for w, r in rows.items():
         for t in r.get("paired", []):
@@ -90,8 +105,13 @@ def throughput(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 speedups.setdefault(t["route"], {})[w] = t["speedup"]
     common = {k: v for k, v in speedups.items() if len(v) > 1}
     spread = [max(v.values()) / min(v.values()) - 1 for v in common.values()]
-    return {"by_workers": table, "routes_measured_in_several_runs": len(common),
-            "paired_speedup_spread_across_runs": {"median": statistics.median(spread), "max": max(spread)} if spread else None}
+    return {
+        "by_workers": table,
+        "routes_measured_in_several_runs": len(common),
+        "paired_speedup_spread_across_runs": {"median": statistics.median(spread), "max": max(spread)}
+        if spread
+        else None,
+    }
 
 
 def to_landscape(spec_path: Path, storage: str, out: Path) -> dict[str, Any]:
@@ -119,11 +139,19 @@ def to_landscape(spec_path: Path, storage: str, out: Path) -> dict[str, Any]:
             continue
         timing = t.user_attrs.get("timing") or {}
         entry: dict[str, Any] = {
-            "key": key, "round": 0, "route": dict(t.params), "status": status, "phase": "", "message": str(t.user_attrs.get("message", ""))[:500],
-            "build_s": t.user_attrs.get("build_s"), "samples_ms": [round(s, 5) for s in samples.get(t.number, [])],
+            "key": key,
+            "round": 0,
+            "route": dict(t.params),
+            "status": status,
+            "phase": "",
+            "message": str(t.user_attrs.get("message", ""))[:500],
+            "build_s": t.user_attrs.get("build_s"),
+            "samples_ms": [round(s, 5) for s in samples.get(t.number, [])],
             "accuracy": _finite((t.user_attrs.get("accuracy") or {}).get("value")),
-            "speedup_paired": t.user_attrs.get("speedup_paired"), "speedup_paired_ci": t.user_attrs.get("speedup_paired_ci"),
-            "t": t.datetime_complete.timestamp() if t.datetime_complete else 0.0, "load1": _first(timing.get("loadavg_before")),
+            "speedup_paired": t.user_attrs.get("speedup_paired"),
+            "speedup_paired_ci": t.user_attrs.get("speedup_paired_ci"),
+            "t": t.datetime_complete.timestamp() if t.datetime_complete else 0.0,
+            "load1": _first(timing.get("loadavg_before")),
         }
         captured = captured_path(ctx.work_dir, t.params)
         if status == J.OK and captured.exists():
@@ -139,8 +167,13 @@ def to_landscape(spec_path: Path, storage: str, out: Path) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     for rounds in done.values():
         statuses[rounds[0]["status"]] = statuses.get(rounds[0]["status"], 0) + 1
-    return {"file": str(out), "routes_in_space": rec.total, "routes_recorded": len(done), "outcomes": statuses,
-            "with_outputs": sum("outputs" in r[0] for r in done.values())}
+    return {
+        "file": str(out),
+        "routes_in_space": rec.total,
+        "routes_recorded": len(done),
+        "outcomes": statuses,
+        "with_outputs": sum("outputs" in r[0] for r in done.values()),
+    }
 
 
 def _first(v: Any) -> float:

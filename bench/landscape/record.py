@@ -34,16 +34,16 @@ from typing import Any
 import numpy as np
 
 from tuner import __version__
+from tuner import job as J
 from tuner.backends.replay.capture import OPTION, captured_path, read_captured
 from tuner.backends.replay.landscape import Landscape, Outputs, Point, Round, feed_key, outputs_key
 from tuner.errors import TunerError
 from tuner.measure.inputs import read_feeds, save_feeds
 from tuner.measure.reference import load_reference
 from tuner.objective import fingerprint_part
-from tuner.spec import load_spec
 from tuner.space import Route, route_hash
+from tuner.spec import load_spec
 from tuner.study.setup import Context, seed_routes
-from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
 
@@ -64,7 +64,9 @@ class Recorder:
         self.total = len(every)
         if sample is not None and sample < self.total:
             keep = set(random.Random(seed).sample(range(self.total), sample))
-            every = [r for i, r in enumerate(every) if i in keep or r == space.default_route()]  # the default: what all pair with
+            every = [
+                r for i, r in enumerate(every) if i in keep or r == space.default_route()
+            ]  # the default: what all pair with
         self.routes = every
         self.dir = self.ctx.work_dir / "landscape"
         self.journal = self.dir / "journal.jsonl"
@@ -87,12 +89,18 @@ class Recorder:
             for i, route in enumerate(todo, 1):
                 if route == default and route_hash(route) in done and rnd in done[route_hash(route)]:
                     continue  # measured by `_baseline` for this round
-                entry = self._measure(route, rnd, feeds, baseline=baseline) if route != default else self._measure(route, rnd, feeds)
+                entry = (
+                    self._measure(route, rnd, feeds, baseline=baseline)
+                    if route != default
+                    else self._measure(route, rnd, feeds)
+                )
                 self._append(entry)
                 done.setdefault(entry["key"], {})[rnd] = entry
                 eta = (time.monotonic() - t0) / i * (len(todo) - i)
-                log(f"round {rnd + 1}/{self.rounds} {i}/{len(todo)} {entry['status']:<14} "
-                    f"{_fmt(entry.get('median_ms'))} eta {eta / 60:.0f} min  {_short(route)}")
+                log(
+                    f"round {rnd + 1}/{self.rounds} {i}/{len(todo)} {entry['status']:<14} "
+                    f"{_fmt(entry.get('median_ms'))} eta {eta / 60:.0f} min  {_short(route)}"
+                )
             landscape = self.landscape(done)
             landscape.save(self.out)
             log(f"wrote {self.out} after round {rnd + 1}")
@@ -104,7 +112,9 @@ class Recorder:
             return False
         return not any(e["status"] in NOT_RERUN for e in have.values())
 
-    def _baseline(self, rnd: int, done: dict[str, dict[int, dict[str, Any]]], feeds: list[str]) -> dict[str, Any] | None:
+    def _baseline(
+        self, rnd: int, done: dict[str, dict[int, dict[str, Any]]], feeds: list[str]
+    ) -> dict[str, Any] | None:
         """The default route's engine this round's routes are paired with: measured (and journaled) once per round
         and kept under the journal's folder; None when the default route does not build."""
         default = self.ctx.space.default_route()
@@ -122,11 +132,18 @@ class Recorder:
 
         return {"trial": -1, "path": str(engines[0]), "sha256": file_hash(engines[0]), "route": default}
 
-    def _measure(self, route: Route, rnd: int, feeds: list[str], baseline: dict[str, Any] | None = None,
-                 keep: Path | None = None) -> dict[str, Any]:
+    def _measure(
+        self, route: Route, rnd: int, feeds: list[str], baseline: dict[str, Any] | None = None, keep: Path | None = None
+    ) -> dict[str, Any]:
         """One route measured in a child (paired with `baseline` when given; its engine kept in `keep` when given)."""
         key = route_hash(route)
-        entry: dict[str, Any] = {"key": key, "round": rnd, "route": route, "t": round(time.time(), 1), "load1": os.getloadavg()[0]}
+        entry: dict[str, Any] = {
+            "key": key,
+            "round": rnd,
+            "route": route,
+            "t": round(time.time(), 1),
+            "load1": os.getloadavg()[0],
+        }
         reason = self.ctx.space.check(route)
         if reason:
             return {**entry, "status": J.INVALID_ROUTE, "phase": "", "message": reason}
@@ -134,11 +151,21 @@ class Recorder:
         shutil.rmtree(trial_dir, ignore_errors=True)
         spec = self.ctx.spec
         pairing: dict[str, Any] = {"baseline": baseline} if baseline else {"role": "baseline"}
-        job = replace(make_job(self.ctx, route, trial_dir / "out", **pairing), backend=CAPTURE,
-                      options={**spec.backend.options, OPTION: spec.backend.name}, tolerance=math.inf)
+        job = replace(
+            make_job(self.ctx, route, trial_dir / "out", **pairing),
+            backend=CAPTURE,
+            options={**spec.backend.options, OPTION: spec.backend.name},
+            tolerance=math.inf,
+        )
         res = run_isolated(job, trial_dir)
-        entry.update(status=res.status, phase=res.phase, message=res.message[:500], build_s=res.build_s,
-                     samples_ms=[round(s, 4) for s in res.samples_ms], accuracy=_finite(res.accuracy))
+        entry.update(
+            status=res.status,
+            phase=res.phase,
+            message=res.message[:500],
+            build_s=res.build_s,
+            samples_ms=[round(s, 4) for s in res.samples_ms],
+            accuracy=_finite(res.accuracy),
+        )
         if res.paired.get("paired"):
             entry.update(speedup=res.paired["speedup"], ci=res.paired.get("ci"), stop=res.paired.get("stop"))
         info = res.timing_info
@@ -164,8 +191,15 @@ class Recorder:
 
     def _header(self) -> dict[str, Any]:
         c = self.ctx
-        return {"model": c.model_sha, "data": c.data_sha, "space": c.space.fingerprint(), "routes": len(self.routes),
-                "metric": c.spec.accuracy.metric, "timing": fingerprint_part(c.spec.objective), "pairing": "default-first"}
+        return {
+            "model": c.model_sha,
+            "data": c.data_sha,
+            "space": c.space.fingerprint(),
+            "routes": len(self.routes),
+            "metric": c.spec.accuracy.metric,
+            "timing": fingerprint_part(c.spec.objective),
+            "pairing": "default-first",
+        }
 
     def _check_journal(self) -> None:
         header = self._header()
@@ -197,17 +231,33 @@ class Recorder:
         for route in self.routes:
             entries = [done[route_hash(route)][r] for r in sorted(done.get(route_hash(route), {}))]
             invalid = next((e["message"] for e in entries if e["status"] == J.INVALID_ROUTE), None)
-            rounds = tuple(Round(e["status"], e["phase"], e.get("message", ""), e.get("build_s"), tuple(e.get("samples_ms", ())),
-                                 e.get("speedup"), (), tuple(e["loadavg"]) if e.get("loadavg") else None)
-                           for e in entries if e["status"] != J.INVALID_ROUTE)
+            rounds = tuple(
+                Round(
+                    e["status"],
+                    e["phase"],
+                    e.get("message", ""),
+                    e.get("build_s"),
+                    tuple(e.get("samples_ms", ())),
+                    e.get("speedup"),
+                    (),
+                    tuple(e["loadavg"]) if e.get("loadavg") else None,
+                )
+                for e in entries
+                if e["status"] != J.INVALID_ROUTE
+            )
             keys = [e["outputs"] for e in entries if e.get("outputs")]
             mismatches += len(set(keys)) > 1
             okey = keys[0] if keys else None
             if okey and okey not in outputs:
                 outputs[okey] = read_feeds(self.dir / "outputs" / f"{okey}.npz")
             points.append(Point(route, rounds, invalid, okey))
-        return Landscape(self._meta(done, mismatches), points, [feed_key(f) for f in self.ctx.feeds],
-                         load_reference(self.ctx.reference_path), outputs)
+        return Landscape(
+            self._meta(done, mismatches),
+            points,
+            [feed_key(f) for f in self.ctx.feeds],
+            load_reference(self.ctx.reference_path),
+            outputs,
+        )
 
     def _complete_rounds(self, done: dict[str, dict[int, dict[str, Any]]]) -> int:
         return sum(all(not self._needs(route_hash(r), rnd, done) for r in self.routes) for rnd in range(self.rounds))
@@ -219,19 +269,38 @@ class Recorder:
             "study": {"name": spec.study, "file": spec.path.name, "text": spec.path.read_text()},
             "backend": {"name": b.name, "version": b.version(), "options": spec.backend.options},
             "environment": {
-                "device": b.device(), "python": platform.python_version(), "platform": platform.platform(),
-                "tuner": __version__, "numpy": np.__version__, "niceness": os.nice(0), **_contention(done),
+                "device": b.device(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "tuner": __version__,
+                "numpy": np.__version__,
+                "niceness": os.nice(0),
+                **_contention(done),
                 "written": _utc(time.time()),
             },
-            "model": {"file": spec.model.path.name, "sha256": c.model_sha, "inputs": {k: list(v) for k, v in spec.model.inputs.items()}},
+            "model": {
+                "file": spec.model.path.name,
+                "sha256": c.model_sha,
+                "inputs": {k: list(v) for k, v in spec.model.inputs.items()},
+            },
             "data": {"sha256": c.data_sha, "samples": spec.data.samples, "gate_samples": spec.data.gate_samples},
-            "accuracy": {"metric": spec.accuracy.metric, "tolerance": spec.accuracy.tolerance, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol},
+            "accuracy": {
+                "metric": spec.accuracy.metric,
+                "tolerance": spec.accuracy.tolerance,
+                "atol": spec.accuracy.atol,
+                "rtol": spec.accuracy.rtol,
+            },
             "objective": fingerprint_part(spec.objective),
             "space": [{"name": p.name, "choices": list(p.choices), "default": p.default} for p in c.space.params],
-            "seed_routes": seed_routes(b, c.model_info, c.space), "pairing": "each round: the default route alone, then every route paired with it",
+            "seed_routes": seed_routes(b, c.model_info, c.space),
+            "pairing": "each round: the default route alone, then every route paired with it",
             "enumeration": {
-                "space_routes": self.total, "recorded_routes": len(self.routes), "subset_seed": self.seed if len(self.routes) < self.total else None,
-                "rounds": self.rounds, "rounds_complete": self._complete_rounds(done), "measured": sum(len(v) for v in done.values()),
+                "space_routes": self.total,
+                "recorded_routes": len(self.routes),
+                "subset_seed": self.seed if len(self.routes) < self.total else None,
+                "rounds": self.rounds,
+                "rounds_complete": self._complete_rounds(done),
+                "measured": sum(len(v) for v in done.values()),
                 "routes_with_differing_outputs": mismatches,
             },
         }
@@ -243,9 +312,16 @@ def _contention(done: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     if not entries:
         return {}
     loads = np.array([e["load1"] for e in entries])
-    return {"measured_from": _utc(min(e["t"] for e in entries)), "measured_to": _utc(max(e["t"] for e in entries)),
-            "loadavg_1min": {"min": round(float(loads.min()), 2), "median": round(float(np.median(loads)), 2), "max": round(float(loads.max()), 2),
-                             "measurements": len(entries)}}
+    return {
+        "measured_from": _utc(min(e["t"] for e in entries)),
+        "measured_to": _utc(max(e["t"] for e in entries)),
+        "loadavg_1min": {
+            "min": round(float(loads.min()), 2),
+            "median": round(float(np.median(loads)), 2),
+            "max": round(float(loads.max()), 2),
+            "measurements": len(entries),
+        },
+    }
 
 
 def _utc(t: float) -> str:

@@ -63,7 +63,9 @@ def _confirmed_at(run: Run, curve: Sequence[float], builds: int, truth: Truth) -
 
 def _stays_within(curve: Sequence[float], level: float, budget: int) -> int | None:
     """The first build from which the curve stays within `level` up to `budget` builds (None: never)."""
-    within = [r <= 1 + level + 1e-12 for r in curve] + [bool(curve) and curve[-1] <= 1 + level + 1e-12] * max(0, budget - len(curve))
+    within = [r <= 1 + level + 1e-12 for r in curve] + [bool(curve) and curve[-1] <= 1 + level + 1e-12] * max(
+        0, budget - len(curve)
+    )
     if not within or not within[-1]:
         return None
     i = len(within)
@@ -112,8 +114,13 @@ def summarise(values: Sequence[float | None]) -> dict[str, Any]:
     a = np.array([math.inf if v is None else v for v in values], dtype=float)
     method = "linear" if np.all(np.isfinite(a)) else "nearest"
     q25, q50, q75 = (float(np.percentile(a, q, method=method)) for q in (25, 50, 75))
-    return {"median": _num(q50), "q25": _num(q25), "q75": _num(q75), "n": len(a),
-            "reached": int(np.sum(np.isfinite(a)))}
+    return {
+        "median": _num(q50),
+        "q25": _num(q25),
+        "q75": _num(q75),
+        "n": len(a),
+        "reached": int(np.sum(np.isfinite(a))),
+    }
 
 
 def _num(v: float | None) -> float | None:

@@ -42,8 +42,8 @@ from tuner.backends.replay.build import ChildDeath
 from tuner.backends.replay.landscape import feed_key
 from tuner.backends.replay.run import CLOCK
 from tuner.measure.exclusive import LOCK_DIR_ENV
-from tuner.space import Route, route_hash
 from tuner.objective import ObjectiveSpec
+from tuner.space import Route, route_hash
 from tuner.study import outcome, racing, warm_start
 from tuner.study.reuse import StoredArtifactBackend
 from tuner.study.setup import enqueue_start, seed_routes
@@ -64,7 +64,9 @@ class Step:
     status: str
     value: float | None  # the value told to Optuna (None unless COMPLETE)
     feasible: bool
-    delivered: str | None = None  # the route delivered now without a final confirmation: racing's confirmed best, else the default
+    delivered: str | None = (
+        None  # the route delivered now without a final confirmation: racing's confirmed best, else the default
+    )
     pruned: bool = False  # timing stopped early as slower than the incumbent
 
 
@@ -104,16 +106,21 @@ class Simulation:
         self.default = route_hash(self.space.default_route())
         self.cache: dict[str, J.Result] = {}
         self.artifacts: dict[str, str] = {}  # sha256 -> path of the stored artifact
-        self.cycles: dict[int, list[list[float]]] = {}  # trial number -> per-cycle log ratios of each paired measurement
+        self.cycles: dict[
+            int, list[list[float]]
+        ] = {}  # trial number -> per-cycle log ratios of each paired measurement
         self.delivery: dict[tuple[int, ...], str] = {}  # confirmation candidates -> the route delivered
         self.runs = 0
         storage = self.storage or optuna.storages.InMemoryStorage()
-        self.study = optuna.create_study(study_name=self.name, storage=storage, sampler=self.sampler, direction="minimize")
+        self.study = optuna.create_study(
+            study_name=self.name, storage=storage, sampler=self.sampler, direction="minimize"
+        )
         meta = self.truth.landscape.meta
-        identity = warm_start.identity(meta.get("model", {}).get("sha256", ""), meta.get("environment", {}).get("device", {}))
+        identity = warm_start.identity(
+            meta.get("model", {}).get("sha256", ""), meta.get("environment", {}).get("device", {})
+        )
         backend = meta["backend"].get("options", {}).get("capture_backend", meta["backend"]["name"])
-        for key, value in {**identity, "backend": backend,
-                           "default_route": self.space.default_route()}.items():
+        for key, value in {**identity, "backend": backend, "default_route": self.space.default_route()}.items():
             self.study.set_user_attr(key, value)
         seeds = seed_routes(self.backend, self.model, self.space) if self.recommended else []
         enqueue_start(self.study, self.space, seeds, budget=10**9)
@@ -129,8 +136,15 @@ class Simulation:
         result, extra, build = self.evaluate(trial, route)
         attrs = outcome.user_attrs(result, self.truth.metric, self.truth.tolerance, extra)
         base = self.baseline()
-        j = outcome.record(self.study, trial, result, self.truth.tolerance, self.truth.statistic, attrs,
-                           base.value if base is not None else None)
+        j = outcome.record(
+            self.study,
+            trial,
+            result,
+            self.truth.tolerance,
+            self.truth.statistic,
+            attrs,
+            base.value if base is not None else None,
+        )
         if self.racing:
             self.race()
         step = Step(route_hash(route), build, result.status, j.value, j.feasible, self.raced(), result.status == J.SLOW)
@@ -192,13 +206,29 @@ class Simulation:
         """The child's job for `route` (what `tuner.worker.jobs.make_job` makes of a study with this scenario)."""
         meta = self.truth.landscape.meta
         return J.Job(
-            backend="replay", route=dict(route), model_path=str(self.model.path), input_shapes={}, options=dict(self.model.options),
-            work_dir=str(self.work_dir), out_dir=str(out_dir), feeds_path="", reference_path="", metric=self.truth.metric,
-            tolerance=self.truth.tolerance if tolerance is None else tolerance, atol=meta["accuracy"]["atol"],
-            rtol=meta["accuracy"]["rtol"], gate_samples=meta["data"]["gate_samples"], timeout_s=600.0,
-            objective=replace(self.objective, statistic=self.truth.statistic), build_holds_cores=False, **pairing)
+            backend="replay",
+            route=dict(route),
+            model_path=str(self.model.path),
+            input_shapes={},
+            options=dict(self.model.options),
+            work_dir=str(self.work_dir),
+            out_dir=str(out_dir),
+            feeds_path="",
+            reference_path="",
+            metric=self.truth.metric,
+            tolerance=self.truth.tolerance if tolerance is None else tolerance,
+            atol=meta["accuracy"]["atol"],
+            rtol=meta["accuracy"]["rtol"],
+            gate_samples=meta["data"]["gate_samples"],
+            timeout_s=600.0,
+            objective=replace(self.objective, statistic=self.truth.statistic),
+            build_holds_cores=False,
+            **pairing,
+        )
 
-    def child(self, route: Route, backend: Backend, name: str, tolerance: float | None = None, **pairing: Any) -> J.Result:
+    def child(
+        self, route: Route, backend: Backend, name: str, tolerance: float | None = None, **pairing: Any
+    ) -> J.Result:
         """What the trial's child returns for `route`: `run_trial` in this process; a recorded death of the
         child is recorded as the worker records one. `tolerance` overrides the scenario's (GPT and Olive time every route)."""
         self.runs += 1
@@ -242,7 +272,10 @@ class Simulation:
             if ok:
                 self.cycles.setdefault(number, []).append(list(result.paired["log_ratios"]))
             failure = None if ok else f"{result.status}: {result.message}"
-            doc[str(number)] = {**entry, **racing.after_remeasure(entry, self.cycles.get(number, []), failure, base.value)}
+            doc[str(number)] = {
+                **entry,
+                **racing.after_remeasure(entry, self.cycles.get(number, []), failure, base.value),
+            }
             self.study.set_user_attr(racing.ATTR, doc)
 
     def raced(self) -> str:
@@ -257,10 +290,21 @@ class Simulation:
         A confirmation is made again only when its candidates changed since the last one."""
         trials = self.study.get_trials(deepcopy=False)
         base = self.baseline()
-        key = tuple(t.number for t in pick_candidates(trials, base, 3)) if base is not None and outcome.is_feasible(base) else ()
+        key = (
+            tuple(t.number for t in pick_candidates(trials, base, 3))
+            if base is not None and outcome.is_feasible(base)
+            else ()
+        )
         if key not in self.delivery:
-            engine = self.engine(base) if base is not None else None  # each confirmation process pairs a candidate with it
-            doc = judge_study(self.study, self.truth.statistic, lambda t, r: self.rerun(t, f"confirm-r{r}", baseline=engine), log=_quiet)
+            engine = (
+                self.engine(base) if base is not None else None
+            )  # each confirmation process pairs a candidate with it
+            doc = judge_study(
+                self.study,
+                self.truth.statistic,
+                lambda t, r: self.rerun(t, f"confirm-r{r}", baseline=engine),
+                log=_quiet,
+            )
             head = decide(summarize_study(self.study), doc, trials, racing.races(self.study))
             exported = next((t for t in trials if t.number == head.export_trial), None)
             self.delivery[key] = route_hash(exported.params) if exported is not None else self.default
@@ -285,8 +329,15 @@ def private_locks(directory: Path) -> Iterator[None]:
             os.environ[LOCK_DIR_ENV] = before
 
 
-def simulate(truth: Truth, sampler: optuna.samplers.BaseSampler, budget: int, drift_share: float = 1.0, seed: int = 0,
-             checkpoints: tuple[int, ...] = (), **kw: Any) -> Simulation:
+def simulate(
+    truth: Truth,
+    sampler: optuna.samplers.BaseSampler,
+    budget: int,
+    drift_share: float = 1.0,
+    seed: int = 0,
+    checkpoints: tuple[int, ...] = (),
+    **kw: Any,
+) -> Simulation:
     """One study of `budget` builds in a temporary work dir (removed afterwards)."""
     with tempfile.TemporaryDirectory(prefix="simulated-study-") as tmp:
         sim = Simulation(truth, sampler, Path(tmp), drift_share, seed, **kw)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-import tempfile
 
 import optuna
 from optuna.trial import TrialState
@@ -62,7 +62,14 @@ class Strategy:
     candidate: bool = False
     drift_share: float | None = None  # overrides the scenario's
 
-    def run(self, truth: Truth, budget: int, seed: int, drift_share: float, setup: Callable[[Simulation], None] | None = None) -> Run:
+    def run(
+        self,
+        truth: Truth,
+        budget: int,
+        seed: int,
+        drift_share: float,
+        setup: Callable[[Simulation], None] | None = None,
+    ) -> Run:
         """One run with `seed` (sampler and replayed noise) until `budget` builds."""
         with tempfile.TemporaryDirectory(prefix="search-bench-") as tmp:
             share = drift_share if self.drift_share is None else self.drift_share
@@ -71,9 +78,17 @@ class Strategy:
                 if setup is not None:
                     setup(sim)
                 sim.run(budget, CHECKPOINTS, TRIAL_CAP * budget)
-                return Run(sim.steps, sim.confirmed, sim.remeasures, sim.seconds,
-                           list((sim.study.user_attrs.get("warm_start") or {}).get("sources", [])))
-            ev = Direct(Simulation(truth, optuna.samplers.RandomSampler(seed), Path(tmp), share, seed, recommended=False), budget)
+                return Run(
+                    sim.steps,
+                    sim.confirmed,
+                    sim.remeasures,
+                    sim.seconds,
+                    list((sim.study.user_attrs.get("warm_start") or {}).get("sources", [])),
+                )
+            ev = Direct(
+                Simulation(truth, optuna.samplers.RandomSampler(seed), Path(tmp), share, seed, recommended=False),
+                budget,
+            )
             assert self.direct is not None
             self.direct(ev)
             return Run(ev.steps, {}, 0, ev.sim.seconds)
@@ -127,7 +142,9 @@ class Direct:
         build = key not in self.seen and not self.space.check(route)
         if build:
             self.sim.builds += 1
-            self.seen[key] = self.sim.child(route, self.sim.backend, f"direct-{self.sim.builds:05d}", tolerance=math.inf)
+            self.seen[key] = self.sim.child(
+                route, self.sim.backend, f"direct-{self.sim.builds:05d}", tolerance=math.inf
+            )
         result = self.seen.get(key) or J.Result(status=J.INVALID_ROUTE, message=self.space.check(route) or "")
         feasible = result.status == J.OK and result.accuracy is not None and result.accuracy <= self.sim.truth.tolerance
         value = float(result.latency[self.statistic]) if result.latency else None
@@ -177,14 +194,18 @@ class Olive:
     whose index vector was already asked is left unanswered and asked again (its duplicate handling)."""
 
     def __init__(self, seed: int) -> None:
-        self.study = optuna.create_study(directions=["minimize", "minimize"],
-                                         sampler=optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed))
+        self.study = optuna.create_study(
+            directions=["minimize", "minimize"],
+            sampler=optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed),
+        )
 
     def suggest(self, trial: optuna.Trial, space: SearchSpace) -> Route:
         route: Route = {}
         parents = condition_parents(space)
         for p in space.params:
-            name = p.name if not parents[p.name] else f"{p.name}___" + " ".join(str(route.get(q)) for q in parents[p.name])
+            name = (
+                p.name if not parents[p.name] else f"{p.name}___" + " ".join(str(route.get(q)) for q in parents[p.name])
+            )
             index = trial.suggest_categorical(name, list(range(len(p.choices))))
             if p.active(route):
                 route[p.name] = p.choices[index]
@@ -192,7 +213,11 @@ class Olive:
 
     def tell(self, trial: optuna.Trial, result: J.Result, statistic: str) -> None:
         if result.latency:
-            accuracy = result.accuracy if result.accuracy is not None and math.isfinite(result.accuracy) else float(sys.maxsize)
+            accuracy = (
+                result.accuracy
+                if result.accuracy is not None and math.isfinite(result.accuracy)
+                else float(sys.maxsize)
+            )
             self.study.tell(trial, [float(result.latency[statistic]), accuracy])
         else:
             self.study.tell(trial, state=TrialState.PRUNED)
@@ -234,21 +259,61 @@ def condition_parents(space: SearchSpace) -> dict[str, tuple[str, ...]]:
 
 # -- the registry ----------------------------------------------------------------------------------------
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("local", "local search over knob groups around the confirmed incumbent, random-forest surrogate (sampler 'local')",
-             local, candidate=True),
-    Strategy("tpe", "TPE multivariate + group + constant liar, 4 start-up trials, no-repeat step (sampler 'tpe': the previous default)",
-             tpe(4), candidate=True),
-    Strategy("tpe-startup-8", "TPE as 'tpe' with 8 start-up trials", tpe(8), candidate=True),
-    Strategy("random", "random search (sampler 'random')", random_search, candidate=True),
-    Strategy("gp-fair", "Optuna GPSampler on flattened knob groups, failures COMPLETE with a violated constraint", gp_sampler),
-    Strategy("smac", "SMAC3 hyperparameter-optimisation facade (random forest) on flattened knob groups, failures CRASHED", smac_sampler),
-    Strategy("local-drift-0", "sampler 'local', replayed with no between-round drift (ideal pairing)", local, drift_share=0.0),
-    Strategy("local-drift-1", "sampler 'local', replayed with all the recorded between-round drift", local, drift_share=1.0),
-    Strategy("olive", "Olive: multi-objective TPE (latency, accuracy), index encoding, failures pruned, duplicates re-asked, "
-             "no baseline; delivers its best candidate (accuracy goal met, lowest measured latency)", direct=lambda ev: olive(ev, ev.sim.seed)),
-    Strategy("gpt-fast", "GPT fast: default + one knob at a time; delivers the fastest iteration that passed accuracy", direct=gpt_fast),
-    Strategy("gpt-mixed", "GPT mixed: fast, then all combinations of the knobs trtexec 11.1 counts positive (did not crash and faster)",
-             direct=gpt_mixed),
-)}
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy(
+            "local",
+            "local search over knob groups around the confirmed incumbent, random-forest surrogate (sampler 'local')",
+            local,
+            candidate=True,
+        ),
+        Strategy(
+            "tpe",
+            "TPE multivariate + group + constant liar, 4 start-up trials, no-repeat step (sampler 'tpe': the previous default)",
+            tpe(4),
+            candidate=True,
+        ),
+        Strategy("tpe-startup-8", "TPE as 'tpe' with 8 start-up trials", tpe(8), candidate=True),
+        Strategy("random", "random search (sampler 'random')", random_search, candidate=True),
+        Strategy(
+            "gp-fair",
+            "Optuna GPSampler on flattened knob groups, failures COMPLETE with a violated constraint",
+            gp_sampler,
+        ),
+        Strategy(
+            "smac",
+            "SMAC3 hyperparameter-optimisation facade (random forest) on flattened knob groups, failures CRASHED",
+            smac_sampler,
+        ),
+        Strategy(
+            "local-drift-0",
+            "sampler 'local', replayed with no between-round drift (ideal pairing)",
+            local,
+            drift_share=0.0,
+        ),
+        Strategy(
+            "local-drift-1",
+            "sampler 'local', replayed with all the recorded between-round drift",
+            local,
+            drift_share=1.0,
+        ),
+        Strategy(
+            "olive",
+            "Olive: multi-objective TPE (latency, accuracy), index encoding, failures pruned, duplicates re-asked, "
+            "no baseline; delivers its best candidate (accuracy goal met, lowest measured latency)",
+            direct=lambda ev: olive(ev, ev.sim.seed),
+        ),
+        Strategy(
+            "gpt-fast",
+            "GPT fast: default + one knob at a time; delivers the fastest iteration that passed accuracy",
+            direct=gpt_fast,
+        ),
+        Strategy(
+            "gpt-mixed",
+            "GPT mixed: fast, then all combinations of the knobs trtexec 11.1 counts positive (did not crash and faster)",
+            direct=gpt_mixed,
+        ),
+    )
+}
 DEFAULT_SET = ("local", "tpe", "tpe-startup-8", "random", "gp-fair", "smac", "olive", "gpt-fast", "gpt-mixed")

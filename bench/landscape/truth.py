@@ -39,8 +39,12 @@ class Truth:
         tol = Tolerances(acc["atol"], acc["rtol"])
         ref, gate = self.landscape.reference, meta["data"]["gate_samples"]
         self.accuracy: dict[str, tuple[float, float]] = {
-            key: (worst(compare(self.metric, outs[:gate], ref[:gate], tol)), worst(compare(self.metric, outs, ref, tol)))
-            for key, outs in self.landscape.outputs.items()}
+            key: (
+                worst(compare(self.metric, outs[:gate], ref[:gate], tol)),
+                worst(compare(self.metric, outs, ref, tol)),
+            )
+            for key, outs in self.landscape.outputs.items()
+        }
 
     def true_value(self, point: Point) -> float | None:
         """The route's true latency (ms), None if no round was timed."""
@@ -71,12 +75,16 @@ class Truth:
         best_key = min(self.truth, key=self.truth.__getitem__)
         spreads = [max(m) / min(m) for p in points if len(m := self.landscape.levels(p, self.statistic)) > 1]
         return {
-            "routes": len(points), "feasible": len(self.truth), "failing": failing,
+            "routes": len(points),
+            "feasible": len(self.truth),
+            "failing": failing,
             "timed_infeasible": sum(1 for p in points if self.true_value(p) is not None and p.key not in self.truth),
-            "best_ms": self.best, "default_ms": self.truth.get(default.key) if default else None,
+            "best_ms": self.best,
+            "default_ms": self.truth.get(default.key) if default else None,
             "fastest_any_ms": min(values) if values else None,
             "within_2pct": sum(1 for v in self.truth.values() if v <= 1.02 * self.best),
             "within_5pct": sum(1 for v in self.truth.values() if v <= 1.05 * self.best),
-            "round_spread": float(np.median(spreads)) if spreads else 1.0, "paired": self.landscape.paired(),
+            "round_spread": float(np.median(spreads)) if spreads else 1.0,
+            "paired": self.landscape.paired(),
             "best_route": next(p.route for p in points if p.key == best_key),
         }

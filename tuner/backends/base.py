@@ -111,7 +111,9 @@ class Runner(abc.ABC):
     def __enter__(self) -> Runner:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         try:
             self.close()
         except Exception as close_exc:
@@ -220,10 +222,21 @@ class Option:
     def kind(self) -> str:
         """The accepted values in words: the choices, else the type."""
         types = self.type if isinstance(self.type, tuple) else (self.type,)
-        return " | ".join(map(repr, self.choices)) if self.choices else " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+        return (
+            " | ".join(map(repr, self.choices))
+            if self.choices
+            else " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+        )
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a table", list: "a list"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "a table",
+    list: "a list",
+}
 
 
 class Backend(abc.ABC):
@@ -302,18 +315,26 @@ class Backend(abc.ABC):
         Runs where the study ran, from what the trial recorded (its route and `build_info`): the
         compiler need not be importable.
         """
-        return Deployment(artifact_name=f"engine{request.artifact.suffix}",
-                          notes=[f"The {self.name or type(self).__name__} backend has no native reproduction: "
-                                 "the engine file and route.json are what there is."])
+        return Deployment(
+            artifact_name=f"engine{request.artifact.suffix}",
+            notes=[
+                f"The {self.name or type(self).__name__} backend has no native reproduction: "
+                "the engine file and route.json are what there is."
+            ],
+        )
 
-    def learned_failure(self, route: Route, model: ModelInfo, work_dir: Path, model_sha: str, data_sha: str) -> tuple[str, str] | None:
+    def learned_failure(
+        self, route: Route, model: ModelInfo, work_dir: Path, model_sha: str, data_sha: str
+    ) -> tuple[str, str] | None:
         """(key, what) of a product `route` needs that already failed to build, or None.
 
         Runs in the worker before any child starts: it must only compute keys and look them up.
         """
         return None
 
-    def preparation(self, model: ModelInfo, space: SearchSpace, work_dir: Path, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    def preparation(
+        self, model: ModelInfo, space: SearchSpace, work_dir: Path, log: Callable[[str], None] = print
+    ) -> list[dict[str, Any]]:
         """Prepare the model once before any variant `space` offers (cached by content); what was done, step by step."""
         return []
 

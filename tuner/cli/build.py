@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
+from tuner import job as J
 from tuner.cli.common import SpecArg, console, context, fmt_ms
 from tuner.errors import TunerError
-from tuner import job as J
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
 
@@ -36,6 +36,9 @@ def build(
         shutil.copyfile(res.artifact_path, out / f"engine{Path(res.artifact_path).suffix}")
     (out / "result.json").write_text(res.to_json())
     latency = res.latency.get(ctx.spec.objective.statistic) if res.latency else None
-    console.print(f"{res.status}: {ctx.spec.objective.statistic} {fmt_ms(latency)}, {ctx.spec.accuracy.metric} = {res.accuracy} {res.message}", highlight=False)
+    console.print(
+        f"{res.status}: {ctx.spec.objective.statistic} {fmt_ms(latency)}, {ctx.spec.accuracy.metric} = {res.accuracy} {res.message}",
+        highlight=False,
+    )
     if res.status != J.OK:
         raise typer.Exit(1)

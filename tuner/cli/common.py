@@ -28,7 +28,9 @@ console = _console()
 err_console = _console(stderr=True)
 
 SpecArg = Annotated[Path, typer.Argument(help="The study file (TOML).", show_default=False)]
-StorageOpt = Annotated[str | None, typer.Option("--storage", help="Storage URL (overrides $TUNER_STORAGE and the study file).")]
+StorageOpt = Annotated[
+    str | None, typer.Option("--storage", help="Storage URL (overrides $TUNER_STORAGE and the study file).")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
@@ -48,9 +50,13 @@ def storage_option(storage: str | None) -> str | None:
 @cache
 def warn_password_in_argv() -> None:
     """Say once that a password on the command line is readable by every local user."""
-    err_console.print(f"warning: --storage carries a password, and every local user can read a command line (ps); put the URL "
-                      f"in ${STORAGE_ENV} or the password in a pgpass file (~/.pgpass, $PGPASSFILE) instead",
-                      highlight=False, markup=False, soft_wrap=True)
+    err_console.print(
+        f"warning: --storage carries a password, and every local user can read a command line (ps); put the URL "
+        f"in ${STORAGE_ENV} or the password in a pgpass file (~/.pgpass, $PGPASSFILE) instead",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def fmt_ms(value: float | None) -> str:

@@ -28,7 +28,9 @@ class FeasibleBestStorage(RDBStorage):
     """
 
     def get_best_trial(self, study_id: int) -> FrozenTrial:
-        feasible = [t for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)]
+        feasible = [
+            t for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)
+        ]
         if not feasible:
             return super().get_best_trial(study_id)
         sign = -1.0 if self.get_study_directions(study_id)[0] == StudyDirection.MAXIMIZE else 1.0
@@ -55,10 +57,17 @@ def is_loopback(host: str) -> bool:
 def dashboard(
     spec: SpecArg,
     storage: StorageOpt = None,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (anything but loopback exposes it: no authentication).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (anything but loopback exposes it: no authentication).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
-    allow_host: Annotated[list[str] | None, typer.Option("--allow-host", help="Also answer requests addressed to this name "
-                                                         "(Host header); loopback names are always answered.")] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help="Also answer requests addressed to this name (Host header); loopback names are always answered.",
+        ),
+    ] = None,
 ) -> None:
     """Serve optuna-dashboard for the study: trials, feasibility, trial logs and the tuner's study note.
 
@@ -75,16 +84,30 @@ def dashboard(
     try:
         served.get_study_id_from_name(ctx.spec.study)
     except KeyError:
-        err_console.print(f"study {ctx.spec.study} is not in {mask_url(ctx.url)} yet; it appears once `tuner run` creates it", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"study {ctx.spec.study} is not in {mask_url(ctx.url)} yet; it appears once `tuner run` creates it",
+            highlight=False,
+            soft_wrap=True,
+        )
     if not is_loopback(host):
-        err_console.print(f"warning: optuna-dashboard has no authentication; anyone who can reach {host}:{port} can read, "
-                          "edit and delete studies. Prefer the default 127.0.0.1 and an SSH tunnel.", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"warning: optuna-dashboard has no authentication; anyone who can reach {host}:{port} can read, "
+            "edit and delete studies. Prefer the default 127.0.0.1 and an SSH tunnel.",
+            highlight=False,
+            soft_wrap=True,
+        )
     artifacts = ctx.work_dir / ARTIFACTS
     artifacts.mkdir(parents=True, exist_ok=True)
-    app = HostCheck(wsgi(served, artifact_store=FileSystemArtifactStore(str(artifacts))), allowed_names(host, allow_host or ()))
+    app = HostCheck(
+        wsgi(served, artifact_store=FileSystemArtifactStore(str(artifacts))), allowed_names(host, allow_host or ())
+    )
     shown = f"[{host}]" if ":" in host else host
-    console.print(f"optuna-dashboard for study {ctx.spec.study} on {mask_url(ctx.url)}: http://{shown}:{port}/dashboard/ "
-                  "(Ctrl-C to stop)", highlight=False, soft_wrap=True)
+    console.print(
+        f"optuna-dashboard for study {ctx.spec.study} on {mask_url(ctx.url)}: http://{shown}:{port}/dashboard/ "
+        "(Ctrl-C to stop)",
+        highlight=False,
+        soft_wrap=True,
+    )
     try:
         bottle.run(app, host=host, port=port)
     except OSError as exc:

@@ -16,7 +16,10 @@ app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 
 
 @app.command("upgrade")
-def upgrade(spec: Annotated[Path | None, typer.Argument(help="A study file naming the storage.")] = None, storage: StorageOpt = None) -> None:
+def upgrade(
+    spec: Annotated[Path | None, typer.Argument(help="A study file naming the storage.")] = None,
+    storage: StorageOpt = None,
+) -> None:
     """Create or migrate the database: Optuna's tables and the tuner's (tuner_alembic_version)."""
     if spec is None and not storage:
         raise TunerError("db upgrade: give a study file or --storage URL")
@@ -30,4 +33,6 @@ def upgrade(spec: Annotated[Path | None, typer.Argument(help="A study file namin
     with schema_lock(url):  # two first-time upgrades at once would both create the tables
         open_storage(url).upgrade()
         before, after = upgrade_schema(url)
-    console.print(f"{mask_url(url)}: optuna schema {optuna.__version__}-compatible; tuner schema {before or 'none'} -> {after}")
+    console.print(
+        f"{mask_url(url)}: optuna schema {optuna.__version__}-compatible; tuner schema {before or 'none'} -> {after}"
+    )

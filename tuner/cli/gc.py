@@ -16,7 +16,9 @@ def gc(
     spec: SpecArg,
     storage: StorageOpt = None,
     yes: Annotated[bool, typer.Option("--yes", help="Delete what is listed (without it, nothing is removed).")] = False,
-    keep_best: Annotated[int | None, typer.Option("--keep-best", min=1, help="Feasible trials to keep (default: run.keep_best, 3).")] = None,
+    keep_best: Annotated[
+        int | None, typer.Option("--keep-best", min=1, help="Feasible trials to keep (default: run.keep_best, 3).")
+    ] = None,
 ) -> None:
     """Remove artifacts and trial folders of trials not kept: the baseline, the best feasible and confirmed ones stay."""
     ctx = context(spec, storage)
@@ -25,7 +27,9 @@ def gc(
         _show(make_plan(ctx, study, keep_best or ctx.spec.run.keep_best), "would remove", spec)
         return
     with collecting(ctx) as busy:
-        plan = make_plan(ctx, study, keep_best or ctx.spec.run.keep_best)  # under the lock: what is deleted is what is listed
+        plan = make_plan(
+            ctx, study, keep_best or ctx.spec.run.keep_best
+        )  # under the lock: what is deleted is what is listed
         why = busy or refusal(plan)
         if why:
             raise TunerError(why)
@@ -40,10 +44,15 @@ def _say(line: str) -> None:
 
 def _show(plan: Plan, verb: str, spec: Path) -> None:
     _say(f"study {plan.study}: work dir {plan.work_dir} holds {fmt_bytes(plan.work_dir_bytes)}")
-    _say(f"keeping {len(plan.kept)} trial(s): " + (", ".join(f"#{n} {why}" for n, why in sorted(plan.kept.items())) or "none"))
+    _say(
+        f"keeping {len(plan.kept)} trial(s): "
+        + (", ".join(f"#{n} {why}" for n, why in sorted(plan.kept.items())) or "none")
+    )
     _say(f"{verb} {len(plan.removals)} item(s), {fmt_bytes(plan.removable_bytes)}" + (":" if plan.removals else ""))
     for r in plan.removals:
         _say(f"  {fmt_bytes(r.bytes):>9}  {r.path.relative_to(plan.work_dir)}  {r.reason}")
     if verb != "removing":
-        note = f"; the study has {plan.running} RUNNING trial(s), so --yes waits until they finish" if plan.running else ""
+        note = (
+            f"; the study has {plan.running} RUNNING trial(s), so --yes waits until they finish" if plan.running else ""
+        )
         _say(f"dry run: nothing was removed; `tuner gc {spec} --yes` deletes the items listed{note}")

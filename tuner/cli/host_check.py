@@ -19,7 +19,7 @@ def host_name(header: str) -> str:
     """The name in a Host header, without its port and IPv6 brackets, lower case."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
+        return header[1 : header.find("]")] if "]" in header else header
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 

@@ -12,8 +12,12 @@ from tuner.cli import build, dashboard, db, gc, probe, report, results, run
 from tuner.cli.common import err_console
 from tuner.errors import TunerError, first_line
 
-app = typer.Typer(help="Find the fastest engine for an ONNX model within an accuracy tolerance.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="Find the fastest engine for an ONNX model within an accuracy tolerance.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 app.command("run")(run.run)
 app.command("status")(results.status)
 app.command("best")(results.best)

@@ -12,7 +12,12 @@ from tuner.backends.tensorrt.gpu import gpu_fingerprint
 from tuner.cli.common import JsonOpt, console
 from tuner.errors import MissingLibrary, TunerError
 
-BackendOpt = Annotated[str | None, typer.Option("--backend", help="Probe only this backend; exit 2 if it cannot run here (3: a library it needs is missing).")]
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--backend", help="Probe only this backend; exit 2 if it cannot run here (3: a library it needs is missing)."
+    ),
+]
 
 
 def probe_backend(name: str) -> tuple[dict[str, Any], TunerError | None]:
@@ -33,7 +38,10 @@ def probe(backend: BackendOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         console.print_json(json.dumps({"gpu": gpu, "backends": found}))
     else:
-        console.print(f"GPU: {', '.join(f'{k} {v}' for k, v in gpu.items()) if gpu else 'none found (no nvidia-smi answer)'}", highlight=False)
+        console.print(
+            f"GPU: {', '.join(f'{k} {v}' for k, v in gpu.items()) if gpu else 'none found (no nvidia-smi answer)'}",
+            highlight=False,
+        )
         for name, facts in found.items():
             state = facts.get("version") if facts["available"] else f"unavailable: {facts['reason']}"
             console.print(f"{name}: {state}", highlight=False, markup=False, soft_wrap=True)
@@ -42,4 +50,6 @@ def probe(backend: BackendOpt = None, as_json: JsonOpt = False) -> None:
                     console.print(f"  {key}: {facts[key]}", highlight=False, markup=False, soft_wrap=True)
     problem = probed[backend][1] if backend else None
     if problem is not None:  # a missing library keeps its exit status (3)
-        raise (MissingLibrary if isinstance(problem, MissingLibrary) else TunerError)(f"backend {backend} cannot run here: {problem}")
+        raise (MissingLibrary if isinstance(problem, MissingLibrary) else TunerError)(
+            f"backend {backend} cannot run here: {problem}"
+        )

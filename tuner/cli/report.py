@@ -20,4 +20,6 @@ def report(
 
     ctx = context(spec, storage)
     page = write_report(ctx, ctx.load(), out)
-    console.print(f"report for study {ctx.spec.study}: {page} ({len(list(out.glob('*.png')))} figures)", highlight=False)
+    console.print(
+        f"report for study {ctx.spec.study}: {page} ({len(list(out.glob('*.png')))} figures)", highlight=False
+    )

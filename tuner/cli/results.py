@@ -30,12 +30,21 @@ def status(spec: SpecArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
     console.print(head.sentence, highlight=False, soft_wrap=True)
     t = Table(title=f"study {s.study}", show_header=False)
     for label, value in (
-        ("budget", s.budget), ("complete", s.complete), ("  feasible", s.feasible), ("pruned (accuracy gate)", s.pruned),
-        ("failed", s.failed), ("running", s.running), ("waiting", s.waiting), ("re-queued (lost/interrupted)", s.requeued),
-        ("cache hits", s.cache_hits), ("failure classes", ", ".join(f"{k}: {v}" for k, v in sorted(s.failure_classes.items())) or "-"),
+        ("budget", s.budget),
+        ("complete", s.complete),
+        ("  feasible", s.feasible),
+        ("pruned (accuracy gate)", s.pruned),
+        ("failed", s.failed),
+        ("running", s.running),
+        ("waiting", s.waiting),
+        ("re-queued (lost/interrupted)", s.requeued),
+        ("cache hits", s.cache_hits),
+        ("failure classes", ", ".join(f"{k}: {v}" for k, v in sorted(s.failure_classes.items())) or "-"),
         ("best feasible", f"{fmt_ms(s.best_ms)} (trial {s.best.number})" if s.best else "-"),
-        ("default route", fmt_ms(s.default_ms)), ("verdict", head.verdict),
-        ("speedup", _estimate_text(head.estimate, head)), ("study's own estimate", _estimate_text(head.study, head)),
+        ("default route", fmt_ms(s.default_ms)),
+        ("verdict", head.verdict),
+        ("speedup", _estimate_text(head.estimate, head)),
+        ("study's own estimate", _estimate_text(head.study, head)),
         ("elapsed", f"{s.elapsed_s:.1f} s"),
     ):
         t.add_row(label, str(value))
@@ -56,24 +65,50 @@ def best_document(ctx: Any, study: optuna.Study | None = None) -> tuple[dict[str
     trial = head.trial or s.best
     acc = trial.user_attrs.get("accuracy", {})
     doc = {
-        "study": s.study, "trial": trial.number, "route": trial.params, "value": trial.value,
-        "baseline_value": s.baseline_value, "measured_ms": trial.user_attrs.get("measured_ms"), "default_ms": s.default_ms,
+        "study": s.study,
+        "trial": trial.number,
+        "route": trial.params,
+        "value": trial.value,
+        "baseline_value": s.baseline_value,
+        "measured_ms": trial.user_attrs.get("measured_ms"),
+        "default_ms": s.default_ms,
         "contention": (confirmation or {}).get("contention"),
-        "accuracy": {"metric": acc.get("metric", ctx.spec.accuracy.metric), "value": acc.get("value"), "tolerance": ctx.spec.accuracy.tolerance},
-        "feasible": is_feasible(trial), "statistic": ctx.spec.objective.statistic, "unit": "ms",
-        "latency_ms": trial.user_attrs.get("latency_ms"), "artifact_sha256": trial.user_attrs.get("artifact_sha256"),
-        "artifact_bytes": trial.user_attrs.get("artifact_bytes"), "peak_memory_mb": trial.user_attrs.get("peak_memory_mb"),
-        "memory_kind": trial.user_attrs.get("memory_kind"), "max_memory_mb": ctx.spec.objective.max_memory_mb,
-        "baseline_trial": s.baseline.number if s.baseline else None, "study_best_trial": s.best.number, "confirmation": confirmation,
+        "accuracy": {
+            "metric": acc.get("metric", ctx.spec.accuracy.metric),
+            "value": acc.get("value"),
+            "tolerance": ctx.spec.accuracy.tolerance,
+        },
+        "feasible": is_feasible(trial),
+        "statistic": ctx.spec.objective.statistic,
+        "unit": "ms",
+        "latency_ms": trial.user_attrs.get("latency_ms"),
+        "artifact_sha256": trial.user_attrs.get("artifact_sha256"),
+        "artifact_bytes": trial.user_attrs.get("artifact_bytes"),
+        "peak_memory_mb": trial.user_attrs.get("peak_memory_mb"),
+        "memory_kind": trial.user_attrs.get("memory_kind"),
+        "max_memory_mb": ctx.spec.objective.max_memory_mb,
+        "baseline_trial": s.baseline.number if s.baseline else None,
+        "study_best_trial": s.best.number,
+        "confirmation": confirmation,
         **head.to_json(),
     }
     return doc, head
 
 
 def best(
-    spec: SpecArg, storage: StorageOpt = None, as_json: JsonOpt = False,
-    export: Annotated[Path | None, typer.Option("--export", help="Write what the verdict says (the confirmed winner, else the default route) here.")] = None,
-    trial: Annotated[int | None, typer.Option("--trial", min=0, help="With --export: export this feasible trial instead, confirmed or not.")] = None,
+    spec: SpecArg,
+    storage: StorageOpt = None,
+    as_json: JsonOpt = False,
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            "--export", help="Write what the verdict says (the confirmed winner, else the default route) here."
+        ),
+    ] = None,
+    trial: Annotated[
+        int | None,
+        typer.Option("--trial", min=0, help="With --export: export this feasible trial instead, confirmed or not."),
+    ] = None,
 ) -> None:
     """The study's verdict and the route it is about (never one that breaks the tolerance)."""
     if trial is not None and export is None:
@@ -91,9 +126,13 @@ def best(
     study_line = f"; the study's own estimate {head.study.text()}" if head.study and head.verdict != UNCONFIRMED else ""
     changed = change_lines(doc["route"], dict(study.user_attrs.get("default_route") or {}), route_space(ctx))
     measured = (doc["measured_ms"] or {}).get("trial")
-    console.print(f"  trial {doc['trial']}: {fmt_ms(measured)} in the study, default route {fmt_ms(doc['default_ms'])}{study_line}\n"
-                  f"  {doc['accuracy']['metric']} = {doc['accuracy']['value']} (tolerance {doc['accuracy']['tolerance']})\n"
-                  f"  changes from the default route:\n" + "\n".join(f"    {line}" for line in changed), highlight=False, soft_wrap=True)
+    console.print(
+        f"  trial {doc['trial']}: {fmt_ms(measured)} in the study, default route {fmt_ms(doc['default_ms'])}{study_line}\n"
+        f"  {doc['accuracy']['metric']} = {doc['accuracy']['value']} (tolerance {doc['accuracy']['tolerance']})\n"
+        f"  changes from the default route:\n" + "\n".join(f"    {line}" for line in changed),
+        highlight=False,
+        soft_wrap=True,
+    )
     console.print(f"  confirmation: {_confirmation_text(doc)}", highlight=False, soft_wrap=True)
 
 

@@ -25,13 +25,27 @@ from tuner.worker.pool import Pool
 def run(
     spec: SpecArg,
     storage: StorageOpt = None,
-    trials: Annotated[int | None, typer.Option("--trials", min=1, help="The study's TOTAL trial budget (not 'N more').")] = None,
+    trials: Annotated[
+        int | None, typer.Option("--trials", min=1, help="The study's TOTAL trial budget (not 'N more').")
+    ] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="CPU worker processes.")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Comma-separated GPU ids: one worker per GPU.")] = None,
-    confirm: Annotated[bool, typer.Option("--confirm/--no-confirm", help="Re-measure the top routes against the default at the end.")] = True,
-    confirm_rounds: Annotated[int | None, typer.Option("--confirm-rounds", min=1, help="Confirmation rounds (default: max(8, what the confidence needs)).")] = None,
-    confirm_top_k: Annotated[int, typer.Option("--confirm-top-k", min=1, help="Candidates re-measured against the default.")] = 3,
-    confirm_confidence: Annotated[float, typer.Option("--confirm-confidence", min=0.5, max=0.999, help="Joint confidence of the speedup intervals.")] = 0.95,
+    confirm: Annotated[
+        bool, typer.Option("--confirm/--no-confirm", help="Re-measure the top routes against the default at the end.")
+    ] = True,
+    confirm_rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--confirm-rounds", min=1, help="Confirmation rounds (default: max(8, what the confidence needs))."
+        ),
+    ] = None,
+    confirm_top_k: Annotated[
+        int, typer.Option("--confirm-top-k", min=1, help="Candidates re-measured against the default.")
+    ] = 3,
+    confirm_confidence: Annotated[
+        float,
+        typer.Option("--confirm-confidence", min=0.5, max=0.999, help="Joint confidence of the speedup intervals."),
+    ] = 0.95,
 ) -> None:
     """Run (or resume) the study until its total trial budget is used up."""
     ctx = context(spec, storage)
@@ -42,8 +56,10 @@ def run(
         claim_device(ctx)  # CPU workers share this machine: refuse other hardware here, once (GPU workers check theirs)
     study.set_user_attr("budget", budget)
     pool = Pool(ctx.spec.path, ctx.url, budget, workers or ctx.spec.run.workers, gpu_list)
-    err_console.print(f"study {ctx.spec.study} on {mask_url(ctx.url)}: budget {budget}, "
-                      f"{len(gpu_list) or pool.workers} worker(s)", highlight=False)
+    err_console.print(
+        f"study {ctx.spec.study} on {mask_url(ctx.url)}: budget {budget}, {len(gpu_list) or pool.workers} worker(s)",
+        highlight=False,
+    )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     pool.start()
     interrupted = False
@@ -78,13 +94,20 @@ def run(
 
 def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float) -> None:
     """Confirm the winner in fresh interleaved processes, then print the verdict with its interval."""
-    from tuner.worker.confirm import confirm
     from tuner.study.note import update_note
+    from tuner.worker.confirm import confirm
 
     err_console.print(f"confirming: re-measuring up to {top_k} candidate(s) against the default route ...")
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # so the child in flight is killed, not orphaned
     try:
-        doc = confirm(ctx, study, rounds, top_k, confidence, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
+        doc = confirm(
+            ctx,
+            study,
+            rounds,
+            top_k,
+            confidence,
+            log=lambda line: err_console.print(line, highlight=False, soft_wrap=True),
+        )
     except KeyboardInterrupt:
         err_console.print("confirmation interrupted; run `tuner run` again to confirm")
         raise typer.Exit(130) from None
@@ -126,7 +149,9 @@ def _print_result(study: optuna.Study) -> None:
     if head.trial is not None:
         route = ", ".join(f"{k}={v}" for k, v in head.trial.params.items())
         measured = (head.trial.user_attrs.get("measured_ms") or {}).get("trial")
-        console.print(f"  trial {head.trial.number}: {fmt_ms(measured)} in the study, default route {fmt_ms(s.default_ms)}\n"
-                      f"  route: {route}", highlight=False, soft_wrap=True)
-
-
+        console.print(
+            f"  trial {head.trial.number}: {fmt_ms(measured)} in the study, default route {fmt_ms(s.default_ms)}\n"
+            f"  route: {route}",
+            highlight=False,
+            soft_wrap=True,
+        )

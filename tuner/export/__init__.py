@@ -43,8 +43,10 @@ def export_choice(study: optuna.Study, head: Headline, asked: int | None) -> tup
         return chosen, f"trial {asked} as asked for with --trial (verdict: {head.verdict})"
     if head.export_trial is None:
         best = f"trial {head.trial.number}" if head.trial else "no route"
-        raise TunerError(f"not exporting: the study's verdict is {head.verdict} ({best} is not confirmed); run `tuner run` to confirm, "
-                         f"or export it anyway with --trial {head.trial.number if head.trial else 'N'}")
+        raise TunerError(
+            f"not exporting: the study's verdict is {head.verdict} ({best} is not confirmed); run `tuner run` to confirm, "
+            f"or export it anyway with --trial {head.trial.number if head.trial else 'N'}"
+        )
     chosen = next(t for t in study.get_trials(deepcopy=False) if t.number == head.export_trial)
     if head.verdict == SPEEDUP:
         return chosen, f"the confirmed winner, trial {chosen.number}"
@@ -82,13 +84,20 @@ def export_trial(ctx: Context, doc: dict[str, Any], choice: tuple[FrozenTrial, s
     sha = trial.user_attrs.get("artifact_sha256")
     record = ResultStore(ctx.url).artifact(sha) if sha else None
     if record is None or not Path(record.path).exists():
-        raise TunerError(f"the artifact of trial {trial.number} is not in this machine's work dir ({ctx.work_dir}); "
-                         "export it where the study ran")
+        raise TunerError(
+            f"the artifact of trial {trial.number} is not in this machine's work dir ({ctx.work_dir}); "
+            "export it where the study ran"
+        )
     study = ctx.load()
     environment = trial.user_attrs.get("environment")
     request = ExportRequest(
-        route=dict(trial.params), artifact=Path(record.path), build_info=dict(trial.user_attrs.get("build_info") or {}),
-        model=ctx.model_info, work_dir=ctx.work_dir, inputs=model_inputs(ctx), shapes=measured_shapes(ctx),
+        route=dict(trial.params),
+        artifact=Path(record.path),
+        build_info=dict(trial.user_attrs.get("build_info") or {}),
+        model=ctx.model_info,
+        work_dir=ctx.work_dir,
+        inputs=model_inputs(ctx),
+        shapes=measured_shapes(ctx),
         backend_version=str((environment or {}).get("version") or study.user_attrs.get("backend_version") or ""),
     )
     deployment = ctx.backend.deployment(request)
@@ -96,14 +105,31 @@ def export_trial(ctx: Context, doc: dict[str, Any], choice: tuple[FrozenTrial, s
     with ExportWriter(out) as writer:
         writer.copy(deployment.artifact_name, request.artifact, sha)
         files = _write_native(writer, deployment)
-        exported = {"trial": trial.number, "route": trial.params, "artifact_sha256": sha, "value": trial.value, "reason": reason,
-                    "engine_file": deployment.artifact_name, "changes": changes}
+        exported = {
+            "trial": trial.number,
+            "route": trial.params,
+            "artifact_sha256": sha,
+            "value": trial.value,
+            "reason": reason,
+            "engine_file": deployment.artifact_name,
+            "changes": changes,
+        }
         writer.write("route.json", json.dumps(trial.params, indent=2, sort_keys=True) + "\n")
         writer.write("best.json", json.dumps({**doc, "exported": exported}, indent=2) + "\n")
         writer.write("reproduce.sh", reproduce_script(deployment, ctx.spec.path.name), executable=True)
-        writer.write("README.md", readme(_measured(ctx, study, trial, reason, doc, environment), changes, deployment,
-                                         {deployment.artifact_name: "the engine the study measured (its sha256 is in best.json)",
-                                          **files, **FILES}))
+        writer.write(
+            "README.md",
+            readme(
+                _measured(ctx, study, trial, reason, doc, environment),
+                changes,
+                deployment,
+                {
+                    deployment.artifact_name: "the engine the study measured (its sha256 is in best.json)",
+                    **files,
+                    **FILES,
+                },
+            ),
+        )
         writer.publish()
     return f"exported {reason} to {out}: {deployment.artifact_name} (sha256 {sha[:12]}), {', '.join(files)}, reproduce.sh, README.md"
 
@@ -122,22 +148,42 @@ def _write_native(writer: ExportWriter, deployment: Deployment) -> dict[str, str
 
 def reproduce_script(deployment: Deployment, spec_name: str) -> str:
     """reproduce.sh: the backend's commands, run from the export directory, after what they need."""
-    lines = ["#!/bin/sh", "# Runs the exported engine natively from this directory.",
-             f"# Needs: {deployment.needs or 'nothing native exists for this backend'}.",
-             f"# With the tuner and the study file instead: tuner build {spec_name} --route route.json --out rebuilt/",
-             "set -eu", 'cd "$(dirname "$0")"']
+    lines = [
+        "#!/bin/sh",
+        "# Runs the exported engine natively from this directory.",
+        f"# Needs: {deployment.needs or 'nothing native exists for this backend'}.",
+        f"# With the tuner and the study file instead: tuner build {spec_name} --route route.json --out rebuilt/",
+        "set -eu",
+        'cd "$(dirname "$0")"',
+    ]
     return "\n".join([*lines, *(deployment.commands or ["echo 'no native reproduction: see README.md'"])]) + "\n"
 
 
-def _measured(ctx: Context, study: optuna.Study, trial: FrozenTrial, reason: str, doc: dict[str, Any],
-              environment: dict[str, Any] | None) -> Measured:
+def _measured(
+    ctx: Context,
+    study: optuna.Study,
+    trial: FrozenTrial,
+    reason: str,
+    doc: dict[str, Any],
+    environment: dict[str, Any] | None,
+) -> Measured:
     trials = study.get_trials(deepcopy=False)
     base = baseline_trial(trials)
     acc = dict(trial.user_attrs.get("accuracy") or {})
     return Measured(
-        study=ctx.spec.study, backend=ctx.spec.backend.name, trial=trial.number, reason=reason, verdict=str(doc.get("headline", "")),
-        statistic=ctx.spec.objective.statistic, latency_ms=trial.value, baseline_ms=base.value if base is not None else None,
-        speedup=study_estimate(trial, base, races(study)), accuracy={**acc, "tolerance": ctx.spec.accuracy.tolerance},
-        artifact_bytes=trial.user_attrs.get("artifact_bytes"), peak_memory_mb=trial.user_attrs.get("peak_memory_mb"),
-        memory_kind=str(trial.user_attrs.get("memory_kind", "")), shapes=measured_shapes(ctx), environment=environment,
+        study=ctx.spec.study,
+        backend=ctx.spec.backend.name,
+        trial=trial.number,
+        reason=reason,
+        verdict=str(doc.get("headline", "")),
+        statistic=ctx.spec.objective.statistic,
+        latency_ms=trial.value,
+        baseline_ms=base.value if base is not None else None,
+        speedup=study_estimate(trial, base, races(study)),
+        accuracy={**acc, "tolerance": ctx.spec.accuracy.tolerance},
+        artifact_bytes=trial.user_attrs.get("artifact_bytes"),
+        peak_memory_mb=trial.user_attrs.get("peak_memory_mb"),
+        memory_kind=str(trial.user_attrs.get("memory_kind", "")),
+        shapes=measured_shapes(ctx),
+        environment=environment,
     )

@@ -40,7 +40,9 @@ class ExportWriter:
     def __enter__(self) -> ExportWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         shutil.rmtree(self.stage, ignore_errors=True)
 
     def _open(self, name: str, mode: int) -> int:
@@ -59,10 +61,14 @@ class ExportWriter:
         with open(source, "rb") as src, os.fdopen(self._open(name, 0o644), "wb") as dst:
             shutil.copyfileobj(src, dst, CHUNK)
         if sha256 is not None:
-            found = file_hash(self.stage / name)  # the copy is what is checked: nothing can change between check and copy
+            found = file_hash(
+                self.stage / name
+            )  # the copy is what is checked: nothing can change between check and copy
             if found != sha256:
-                raise TunerError(f"{source}: has changed since it was recorded (sha256 {found[:12]}, expected {sha256[:12]}); "
-                                 "not exported, rebuild it with `tuner build`")
+                raise TunerError(
+                    f"{source}: has changed since it was recorded (sha256 {found[:12]}, expected {sha256[:12]}); "
+                    "not exported, rebuild it with `tuner build`"
+                )
 
     def publish(self) -> None:
         """Move every staged file into `out` (see the module's docstring)."""
@@ -77,8 +83,10 @@ class ExportWriter:
         try:
             blocked = [n for n in self.names if _is_link_or_dir(n, target)]
             if blocked:
-                raise TunerError(f"{self.out}: {', '.join(blocked)} is a symbolic link or a directory; not replacing it "
-                                 "(nothing was moved)")
+                raise TunerError(
+                    f"{self.out}: {', '.join(blocked)} is a symbolic link or a directory; not replacing it "
+                    "(nothing was moved)"
+                )
             staged = os.open(self.stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
                 for name in self.names:

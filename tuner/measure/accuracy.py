@@ -69,7 +69,10 @@ METRICS: dict[str, Callable[[np.ndarray, np.ndarray, Tolerances], float]] = {
 def stack(samples: Sequence[Outputs]) -> dict[str, np.ndarray]:
     """Concatenate per-feed outputs along the first (batch) axis, as float64."""
     names = list(samples[0])
-    return {n: np.concatenate([np.asarray(s[n], dtype=np.float64).reshape(np.shape(s[n]) or (1,)) for s in samples]) for n in names}
+    return {
+        n: np.concatenate([np.asarray(s[n], dtype=np.float64).reshape(np.shape(s[n]) or (1,)) for s in samples])
+        for n in names
+    }
 
 
 def compare(metric: str, outputs: Sequence[Outputs], reference: Sequence[Outputs], tol: Tolerances) -> dict[str, float]:

@@ -79,10 +79,18 @@ class Probe:
                 run, wait = run + int(fields[0]), wait + int(fields[1])
         except (OSError, ValueError, IndexError):
             return None
-        busy = {f[0]: sum(map(int, f[1:4])) + sum(map(int, f[6:9])) for f in lines}  # user nice system, irq softirq steal
+        busy = {
+            f[0]: sum(map(int, f[1:4])) + sum(map(int, f[6:9])) for f in lines
+        }  # user nice system, irq softirq steal
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        return Snapshot(time.perf_counter(), self.tick * sum(v for k, v in busy.items() if k in self.cpus), self.tick * sum(busy.values()),
-                        usage.ru_utime + usage.ru_stime, run / 1e9, wait / 1e9)
+        return Snapshot(
+            time.perf_counter(),
+            self.tick * sum(v for k, v in busy.items() if k in self.cpus),
+            self.tick * sum(busy.values()),
+            usage.ru_utime + usage.ru_stime,
+            run / 1e9,
+            wait / 1e9,
+        )
 
     def since(self, start: Snapshot | None) -> Load | None:
         """What happened since `start`, or None when nothing could be read."""
@@ -92,8 +100,13 @@ class Probe:
         wall = max(end.wall - start.wall, 1e-9)
         mine = end.self_cpu - start.self_cpu
         asked = (end.run - start.run) + (end.wait - start.wait)
-        return Load(wall, max(0.0, end.ours_busy - start.ours_busy - mine) / wall, (end.wait - start.wait) / asked if asked > 0 else 0.0,
-                    mine / wall, (end.host_busy - start.host_busy) / wall)
+        return Load(
+            wall,
+            max(0.0, end.ours_busy - start.ours_busy - mine) / wall,
+            (end.wait - start.wait) / asked if asked > 0 else 0.0,
+            mine / wall,
+            (end.host_busy - start.host_busy) / wall,
+        )
 
 
 def summarize(loads: list[Load | None]) -> dict[str, Any]:
@@ -106,7 +119,14 @@ def summarize(loads: list[Load | None]) -> dict[str, Any]:
     def mean(attr: str) -> float:
         return round(sum(getattr(x, attr) * x.wall_s for x in seen) / wall, 4)
 
-    return {"measured": True, "blocks": len(seen), "contended_blocks": sum(x.contended for x in seen), "others_cores": mean("others_cores"),
-            "others_cores_max": round(max(x.others_cores for x in seen), 4), "wait_share": mean("wait_share"),
-            "self_cores": mean("self_cores"), "host_cores": mean("host_cores"),
-            "study_share": round(mean("self_cores") / mean("host_cores"), 4) if mean("host_cores") > 0 else None}
+    return {
+        "measured": True,
+        "blocks": len(seen),
+        "contended_blocks": sum(x.contended for x in seen),
+        "others_cores": mean("others_cores"),
+        "others_cores_max": round(max(x.others_cores for x in seen), 4),
+        "wait_share": mean("wait_share"),
+        "self_cores": mean("self_cores"),
+        "host_cores": mean("host_cores"),
+        "study_share": round(mean("self_cores") / mean("host_cores"), 4) if mean("host_cores") > 0 else None,
+    }

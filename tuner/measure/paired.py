@@ -58,7 +58,9 @@ MODES = (PER_CALL, PIPELINED)
 EXCLUSIVE, MEASURED = "exclusive", "measured"  # [objective] contention: act on contended cycles, or only record them
 CONTENTION = (EXCLUSIVE, MEASURED)
 WARMUP_WINDOW = 3
-CONTENDED_GIVE_UP = 3  # set-aside cycles, in units of the fewest an interval needs, after which a contended measurement stops
+CONTENDED_GIVE_UP = (
+    3  # set-aside cycles, in units of the fewest an interval needs, after which a contended measurement stops
+)
 WARMUP_SHARE = 0.25  # an engine's warm-up may use at most this share of the cap
 CLOCK_KEYS = ("sm_clock_mhz", "mem_clock_mhz")
 
@@ -126,13 +128,27 @@ class PairedResult:
     def summary(self) -> dict[str, Any]:
         """The small JSON-able description kept with the trial (no raw samples)."""
         out: dict[str, Any] = {
-            "paired": self.paired, "stop": self.stop, "cycles": self.cycles, "seconds": round(self.seconds, 4),
-            "halfwidth": round(self.halfwidth, 5), "drift": self.drift, "repeated": self.repeated, "steady": self.steady,
-            "level_ms": [round(v, 6) for v in self.level_ms], "warmup": self.warmup, "attempts": self.attempts,
-            "contended": self.contended, "contended_cycles": self.contended_cycles, "contention": self.contention,
+            "paired": self.paired,
+            "stop": self.stop,
+            "cycles": self.cycles,
+            "seconds": round(self.seconds, 4),
+            "halfwidth": round(self.halfwidth, 5),
+            "drift": self.drift,
+            "repeated": self.repeated,
+            "steady": self.steady,
+            "level_ms": [round(v, 6) for v in self.level_ms],
+            "warmup": self.warmup,
+            "attempts": self.attempts,
+            "contended": self.contended,
+            "contended_cycles": self.contended_cycles,
+            "contention": self.contention,
         }
         if self.speedup is not None:
-            out.update(speedup=self.speedup.estimate, ci=[self.speedup.low, self.speedup.high], confidence=self.speedup.confidence)
+            out.update(
+                speedup=self.speedup.estimate,
+                ci=[self.speedup.low, self.speedup.high],
+                confidence=self.speedup.confidence,
+            )
         return out
 
 
@@ -162,7 +178,11 @@ def warm_up(fn: BlockFn, policy: PairedPolicy, clock: Callable[[], float] = time
         window = (window + [block_statistic(fn(calls), policy.statistic)])[-WARMUP_WINDOW:]
         blocks += 1
         elapsed = clock() - start
-        if len(window) == WARMUP_WINDOW and max(window) <= min(window) * (1.0 + policy.warmup_agree) and elapsed >= policy.warmup_min_s:
+        if (
+            len(window) == WARMUP_WINDOW
+            and max(window) <= min(window) * (1.0 + policy.warmup_agree)
+            and elapsed >= policy.warmup_min_s
+        ):
             steady = True
             break
         if elapsed >= policy.cap_s * WARMUP_SHARE:
@@ -192,8 +212,15 @@ def _halfwidth(low: float, high: float) -> float:
     return math.sqrt(high / low) - 1.0 if low > 0 else math.inf
 
 
-def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int], policy: PairedPolicy,
-             incumbent: tuple[float | None, float | None], clock: Callable[[], float], probe: Probe | None) -> PairedResult:
+def _attempt(
+    candidate: BlockFn,
+    baseline: BlockFn | None,
+    calls: tuple[int, int],
+    policy: PairedPolicy,
+    incumbent: tuple[float | None, float | None],
+    clock: Callable[[], float],
+    probe: Probe | None,
+) -> PairedResult:
     """One measurement: cycles until a stopping rule holds (`incumbent`: its interval's low and high, either may be None)."""
     need = min_rounds(policy.confidence)
     stat = policy.statistic
@@ -227,10 +254,14 @@ def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int
             b2 = block(candidate, calls[0], cand_samples, cand_blocks)
             a2 = block(baseline, calls[1], base_samples, base_blocks)
             ratio = (math.log(a1) + math.log(a2) - math.log(b1) - math.log(b2)) / 2.0
-        contended = policy.contention == EXCLUSIVE and any(x is not None and x.contended for x in loads[-(1 if baseline is None else 4):])
+        contended = policy.contention == EXCLUSIVE and any(
+            x is not None and x.contended for x in loads[-(1 if baseline is None else 4) :]
+        )
         (set_aside if contended else d).append(ratio)
         elapsed = clock() - start
-        over = elapsed >= policy.cap_s or len(d) < need and len(set_aside) >= CONTENDED_GIVE_UP * need  # hopeless: stop early
+        over = (
+            elapsed >= policy.cap_s or len(d) < need and len(set_aside) >= CONTENDED_GIVE_UP * need
+        )  # hopeless: stop early
         stuck = len(d) < need  # too few clean cycles: go on, and at the cap judge every cycle (flagged)
         if stuck and (not over or len(d) + len(set_aside) < need) or contended and not over:
             continue
@@ -258,10 +289,24 @@ def _attempt(candidate: BlockFn, baseline: BlockFn | None, calls: tuple[int, int
             break
     level = location_interval([math.log(b) for b in cand_blocks], policy.confidence)
     return PairedResult(
-        paired=baseline is not None, stop=stop, cycles=len(kept), seconds=clock() - start, candidate_samples=cand_samples,
-        baseline_samples=base_samples, candidate_blocks=cand_blocks, baseline_blocks=base_blocks, log_ratios=kept,
-        speedup=speedup, level_ms=(math.exp(level[0]), math.exp(level[1]), math.exp(level[2])), halfwidth=halfwidth,
-        drift=False, repeated=False, steady=True, running=running, contended=stuck, contended_cycles=len(set_aside),
+        paired=baseline is not None,
+        stop=stop,
+        cycles=len(kept),
+        seconds=clock() - start,
+        candidate_samples=cand_samples,
+        baseline_samples=base_samples,
+        candidate_blocks=cand_blocks,
+        baseline_blocks=base_blocks,
+        log_ratios=kept,
+        speedup=speedup,
+        level_ms=(math.exp(level[0]), math.exp(level[1]), math.exp(level[2])),
+        halfwidth=halfwidth,
+        drift=False,
+        repeated=False,
+        steady=True,
+        running=running,
+        contended=stuck,
+        contended_cycles=len(set_aside),
         contention=summarize(loads) if probe else {},
     )
 
@@ -272,9 +317,16 @@ def _drifted(r: PairedResult, policy: PairedPolicy) -> bool:
     return len(r.clocks) == 2 and clocks_drift(r.clocks[0], r.clocks[1], policy.drift)
 
 
-def measure_paired(candidate: BlockFn, baseline: BlockFn | None, policy: PairedPolicy, incumbent: float | None = None,
-                   clocks: Clocks | None = None, clock: Callable[[], float] = time.perf_counter, incumbent_high: float | None = None,
-                   probe: Probe | None = None) -> PairedResult:
+def measure_paired(
+    candidate: BlockFn,
+    baseline: BlockFn | None,
+    policy: PairedPolicy,
+    incumbent: float | None = None,
+    clocks: Clocks | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    incumbent_high: float | None = None,
+    probe: Probe | None = None,
+) -> PairedResult:
     """Warm up both engines, measure in ABBA cycles until a stopping rule holds, repeat once on drift.
 
     `incumbent` is the speedup a candidate must be able to reach (the lower bound of the best
@@ -295,8 +347,15 @@ def measure_paired(candidate: BlockFn, baseline: BlockFn | None, policy: PairedP
         if clocks:
             result.clocks = [before, dict(clocks())]
         result.drift = _drifted(result, policy)
-        attempts.append({"stop": result.stop, "cycles": result.cycles, "seconds": round(result.seconds, 4), "drift": result.drift,
-                         **({"speedup": result.speedup.estimate} if result.speedup else {"level_ms": result.level_ms[0]})})
+        attempts.append(
+            {
+                "stop": result.stop,
+                "cycles": result.cycles,
+                "seconds": round(result.seconds, 4),
+                "drift": result.drift,
+                **({"speedup": result.speedup.estimate} if result.speedup else {"level_ms": result.level_ms[0]}),
+            }
+        )
         if not result.drift or result.stop == SLOW:
             break
     assert result is not None

@@ -43,16 +43,23 @@ def cached_reference(cache_dir: Path, key: str, model_path: Path, feeds_path: Pa
 
 def _run_child(model_path: Path, feeds_path: Path, out: Path, timeout_s: float) -> None:
     """Compute the reference in a fresh process group (it writes `out` atomically); one TunerError line if it fails."""
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.measure.reference", str(model_path), str(feeds_path), str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
-                            env=env_without_credentials(os.environ))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner.measure.reference", str(model_path), str(feeds_path), str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env_without_credentials(os.environ),
+    )
     try:
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        raise TunerError(f"model {model_path}: the fp32 reference run with ONNX Runtime did not finish within "
-                         f"{timeout_s:g} s (run.trial_timeout_s); child killed") from None
+        raise TunerError(
+            f"model {model_path}: the fp32 reference run with ONNX Runtime did not finish within "
+            f"{timeout_s:g} s (run.trial_timeout_s); child killed"
+        ) from None
     except BaseException:  # Ctrl-C or SIGTERM of the command: the child goes with it
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -60,10 +67,14 @@ def _run_child(model_path: Path, feeds_path: Path, out: Path, timeout_s: float) 
     if proc.returncode < 0:
         sig = -proc.returncode
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        raise TunerError(f"model {model_path}: ONNX Runtime crashed ({name}) running the fp32 reference; the model cannot be tuned as it is")
+        raise TunerError(
+            f"model {model_path}: ONNX Runtime crashed ({name}) running the fp32 reference; the model cannot be tuned as it is"
+        )
     if proc.returncode != 0:
         lines = [line for line in err.decode(errors="replace").strip().splitlines() if line.strip()]
-        raise TunerError(f"model {model_path}: the fp32 reference run with ONNX Runtime failed: {lines[-1] if lines else f'exit status {proc.returncode}'}")
+        raise TunerError(
+            f"model {model_path}: the fp32 reference run with ONNX Runtime failed: {lines[-1] if lines else f'exit status {proc.returncode}'}"
+        )
 
 
 def load_reference(path: Path) -> list[dict[str, np.ndarray]]:

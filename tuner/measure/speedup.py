@@ -58,7 +58,13 @@ class Speedup:
 
     def to_dict(self) -> dict[str, float | int]:
         """JSON-able form."""
-        return {"speedup": self.estimate, "low": self.low, "high": self.high, "confidence": self.confidence, "rounds": self.rounds}
+        return {
+            "speedup": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "confidence": self.confidence,
+            "rounds": self.rounds,
+        }
 
 
 @lru_cache(maxsize=EXACT_MAX + 1)
@@ -154,7 +160,9 @@ def pooled_speedup(measurements: Sequence[Sequence[float]], confidence: float, f
     """
     usable = [m for m in measurements if len(m) >= min_rounds(FIT_CONFIDENCE)]
     if not usable:
-        raise ValueError(f"no measurement has the {min_rounds(FIT_CONFIDENCE)} cycles a {FIT_CONFIDENCE:.1%} interval needs")
+        raise ValueError(
+            f"no measurement has the {min_rounds(FIT_CONFIDENCE)} cycles a {FIT_CONFIDENCE:.1%} interval needs"
+        )
     if few and len(usable) < 2:
         raise ValueError("one measurement cannot show how much measurements differ")
     if len(usable) == 1 and len(usable[0]) >= min_rounds(confidence):
@@ -164,7 +172,10 @@ def pooled_speedup(measurements: Sequence[Sequence[float]], confidence: float, f
     y, v = [f[0] for f in fits], [((f[2] - f[1]) / (2 * z_fit)) ** 2 for f in fits]
     est, se = random_effects(y, v)
     if few:
-        se, z = se * math.sqrt(max(1.0, hartung_knapp_factor(y, v))), student_t_quantile(0.5 + confidence / 2, len(y) - 1)
+        se, z = (
+            se * math.sqrt(max(1.0, hartung_knapp_factor(y, v))),
+            student_t_quantile(0.5 + confidence / 2, len(y) - 1),
+        )
     return Speedup(math.exp(est), math.exp(est - z * se), math.exp(est + z * se), confidence, sum(map(len, usable)))
 
 

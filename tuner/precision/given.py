@@ -18,11 +18,23 @@ from typing import Any
 AS_GIVEN = "fp32"  # the precision value that builds the graph as it is (no variant)
 
 # Operators that only a quantized graph holds (ONNX and ONNX Runtime's com.microsoft domain); every QLinear* too.
-QUANTIZED_OPS = frozenset({
-    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "QGemm",
-    "QAttention", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM", "MatMulNBits",
-    "MatMulBnb4", "GatherBlockQuantized",
-})
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "ConvInteger",
+        "MatMulInteger",
+        "QGemm",
+        "QAttention",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeLSTM",
+        "MatMulNBits",
+        "MatMulBnb4",
+        "GatherBlockQuantized",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +58,10 @@ class GivenPrecision:
         """One line for `tuner space` and `tuner init`: what the model already is, and that no variant is offered."""
         if not self.reduced:
             return ""
-        return (f"the model is already {self.kind} ({self.evidence}): no precision variant is offered; "
-                f"precision {AS_GIVEN} builds the graph as given")
+        return (
+            f"the model is already {self.kind} ({self.evidence}): no precision variant is offered; "
+            f"precision {AS_GIVEN} builds the graph as given"
+        )
 
 
 def given_precision(path: Path) -> GivenPrecision:
@@ -81,8 +95,12 @@ def _float_elements(graph: Any) -> Counter[str]:
     """Weight elements by floating-point type ("fp32", "fp16", "bf16"), from the initializers' shapes."""
     from onnx import TensorProto
 
-    names = {TensorProto.FLOAT: "fp32", TensorProto.DOUBLE: "fp32", TensorProto.FLOAT16: "fp16",
-             TensorProto.BFLOAT16: "bf16"}
+    names = {
+        TensorProto.FLOAT: "fp32",
+        TensorProto.DOUBLE: "fp32",
+        TensorProto.FLOAT16: "fp16",
+        TensorProto.BFLOAT16: "bf16",
+    }
     counts: Counter[str] = Counter({"fp32": 0, "fp16": 0, "bf16": 0})
     for init in graph.initializer:
         if init.data_type in names:

@@ -31,8 +31,10 @@ def repair(model: Any) -> Any:
 def problems(model: Any) -> list[str]:
     """What would make a strict parser refuse `model`: SSA violations, order, non-positive Q/DQ scales."""
     graph = model.graph
-    out: list[str] = [f"subgraph of node {n.name or n.op_type!r}: {name!r} is already defined outside it"
-                      for n, name in _subgraph_clashes(graph, _defined(graph))]
+    out: list[str] = [
+        f"subgraph of node {n.name or n.op_type!r}: {name!r} is already defined outside it"
+        for n, name in _subgraph_clashes(graph, _defined(graph))
+    ]
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     produced: set[str] = set()
     for node in graph.node:
@@ -44,14 +46,18 @@ def problems(model: Any) -> list[str]:
     for node in graph.node:
         missing = [x for x in _needs(node) if x not in available]
         if missing:
-            out.append(f"node {node.name or node.op_type!r}: input {missing[0]!r} is not produced before it (graph not topologically sorted)")
+            out.append(
+                f"node {node.name or node.op_type!r}: input {missing[0]!r} is not produced before it (graph not topologically sorted)"
+            )
         available.update(o for o in node.output if o)
     values = _constant_values(graph)
     for node in graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 1:
             scale = values.get(node.input[1])
             if scale is not None and not _positive(scale):
-                out.append(f"node {node.name or node.op_type!r}: Q/DQ scale {node.input[1]!r} is not all positive and finite")
+                out.append(
+                    f"node {node.name or node.op_type!r}: Q/DQ scale {node.input[1]!r} is not all positive and finite"
+                )
     return out
 
 
@@ -93,7 +99,11 @@ def _needs(node: Any) -> Iterator[str]:
 def subgraph_reads(node: Any) -> Iterator[str]:
     """The names `node`'s subgraphs (If branches, Loop and Scan bodies, nested) read from the outer scope."""
     for graph in _subgraphs(node):
-        local = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
+        local = (
+            {i.name for i in graph.input}
+            | {i.name for i in graph.initializer}
+            | {o for n in graph.node for o in n.output}
+        )
         for inner in graph.node:
             yield from (x for x in _needs(inner) if x not in local)
         yield from (o.name for o in graph.output if o.name not in local)  # an output that names an outer value
@@ -101,7 +111,11 @@ def subgraph_reads(node: Any) -> Iterator[str]:
 
 def _defined(graph: Any) -> set[str]:
     """Names `graph` itself defines: inputs, initializers, node outputs."""
-    return {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output if o}
+    return (
+        {i.name for i in graph.input}
+        | {i.name for i in graph.initializer}
+        | {o for n in graph.node for o in n.output if o}
+    )
 
 
 def _subgraph_clashes(graph: Any, taken: set[str]) -> Iterator[tuple[Any, str]]:

@@ -22,13 +22,34 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "fp8_static
 BLOCK_LISTS: dict[str, tuple[str, ...]] = {
     "none": (),
     "norm_softmax": (
-        "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "BatchNormalization",
-        "InstanceNormalization", "GroupNormalization", "Softmax", "LogSoftmax",
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "Softmax",
+        "LogSoftmax",
     ),
     "sensitive": (
-        "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "BatchNormalization",
-        "InstanceNormalization", "GroupNormalization", "Softmax", "LogSoftmax",
-        "ReduceMean", "ReduceSum", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", "Exp", "Log", "Pow", "Sqrt", "Erf",
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "Softmax",
+        "LogSoftmax",
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceL2",
+        "ReduceLogSumExp",
+        "ReduceSumSquare",
+        "Exp",
+        "Log",
+        "Pow",
+        "Sqrt",
+        "Erf",
     ),
 }
 
@@ -70,8 +91,16 @@ def make_variant(model: Path, options: VariantOptions, feeds: list[Feed], cache_
     import onnxruntime
 
     key = hashlib.sha256(
-        json.dumps({"model": file_hash(model), "options": asdict(opts), "feeds": feeds_hash(feeds) if "static" in opts.precision else "",
-                    "recipe": RECIPE, "onnxruntime": onnxruntime.__version__}, sort_keys=True).encode()
+        json.dumps(
+            {
+                "model": file_hash(model),
+                "options": asdict(opts),
+                "feeds": feeds_hash(feeds) if "static" in opts.precision else "",
+                "recipe": RECIPE,
+                "onnxruntime": onnxruntime.__version__,
+            },
+            sort_keys=True,
+        ).encode()
     ).hexdigest()[:24]
     cache_dir.mkdir(parents=True, exist_ok=True)
     out = cache_dir / f"{model.stem}.{opts.precision}.{key}.onnx"
@@ -153,12 +182,23 @@ def _bf16_tensor(tensor: object) -> object:
 def _dynamic(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(model), str(out), weight_type=QuantType.QInt8, per_channel=opts.per_channel,
-                     extra_options={"DefaultTensorType": _float_type()})
+    quantize_dynamic(
+        str(model),
+        str(out),
+        weight_type=QuantType.QInt8,
+        per_channel=opts.per_channel,
+        extra_options={"DefaultTensorType": _float_type()},
+    )
 
 
 def _static(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> None:
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     class Reader(CalibrationDataReader):
@@ -171,8 +211,12 @@ def _static(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> 
         def rewind(self) -> None:
             self._it = iter(feeds)
 
-    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy,
-              "distribution": CalibrationMethod.Distribution}[opts.calibration]
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "percentile": CalibrationMethod.Percentile,
+        "entropy": CalibrationMethod.Entropy,
+        "distribution": CalibrationMethod.Distribution,
+    }[opts.calibration]
     fp8 = opts.precision == "fp8_static"
     qtype = QuantType.QFLOAT8E4M3FN if fp8 else QuantType.QInt8
     # fp8: Q/DQ only where the compute is (as TensorRT runs fp8). ONNX Runtime derives fp8 scales from a
@@ -186,10 +230,21 @@ def _static(model: Path, out: Path, opts: VariantOptions, feeds: list[Feed]) -> 
         except Exception:  # pre-processing is an optimisation; quantize the original if it fails
             prep = model
         quantize_static(
-            str(prep), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=opts.per_channel and not fp8,
-            activation_type=qtype, weight_type=qtype, calibrate_method=method, op_types_to_quantize=ops,
-            extra_options={"DefaultTensorType": _float_type(), "ActivationSymmetric": fp8 or opts.tensorrt_qdq,
-                           "WeightSymmetric": True, "QuantizeBias": not opts.tensorrt_qdq},
+            str(prep),
+            str(out),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=opts.per_channel and not fp8,
+            activation_type=qtype,
+            weight_type=qtype,
+            calibrate_method=method,
+            op_types_to_quantize=ops,
+            extra_options={
+                "DefaultTensorType": _float_type(),
+                "ActivationSymmetric": fp8 or opts.tensorrt_qdq,
+                "WeightSymmetric": True,
+                "QuantizeBias": not opts.tensorrt_qdq,
+            },
         )
 
 

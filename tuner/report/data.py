@@ -34,7 +34,9 @@ class TrialRow:
     cache_key: str
     speedup: Estimate | None = None  # the study's own estimate vs the default route (paired where measured so)
     artifact_bytes: int | None = None  # the engine file's size
-    peak_memory_mb: float | None = None  # what loading and running the engine added at its highest (tuner.measure.memory)
+    peak_memory_mb: float | None = (
+        None  # what loading and running the engine added at its highest (tuner.measure.memory)
+    )
 
 
 @dataclass
@@ -50,7 +52,9 @@ class ReportData:
     confirmation: dict[str, Any] | None
     samples: dict[str, list[float]] = field(default_factory=dict)  # "default"/"contender" -> raw latency samples (ms)
     samples_kind: str = "trial"  # "confirm" when they come from the confirmation rounds
-    contender: int | None = None  # the trial compared with the default: confirmed winner, best candidate or best feasible
+    contender: int | None = (
+        None  # the trial compared with the default: confirmed winner, best candidate or best feasible
+    )
     contender_role: str = "best feasible"
     importances: dict[str, float] = field(default_factory=dict)
     importance_note: str = ""
@@ -69,20 +73,40 @@ def _float(value: Any) -> float | None:
 def _row(t: FrozenTrial, baseline: FrozenTrial | None, raced: Races) -> TrialRow:
     feasible = is_feasible(t)
     cls = failure_class(t)
-    outcome = "feasible" if feasible else ("infeasible" if t.state == TrialState.COMPLETE else cls or t.state.name.lower())
-    return TrialRow(t.number, t.state.name, t.value if t.state == TrialState.COMPLETE else None, feasible, outcome,
-                    _float((t.user_attrs.get("accuracy") or {}).get("value")), dict(t.params), str(t.user_attrs.get("cache_key", "")),
-                    study_estimate(t, baseline, raced) if feasible else None, t.user_attrs.get("artifact_bytes"),
-                    _float(t.user_attrs.get("peak_memory_mb")))
+    outcome = (
+        "feasible" if feasible else ("infeasible" if t.state == TrialState.COMPLETE else cls or t.state.name.lower())
+    )
+    return TrialRow(
+        t.number,
+        t.state.name,
+        t.value if t.state == TrialState.COMPLETE else None,
+        feasible,
+        outcome,
+        _float((t.user_attrs.get("accuracy") or {}).get("value")),
+        dict(t.params),
+        str(t.user_attrs.get("cache_key", "")),
+        study_estimate(t, baseline, raced) if feasible else None,
+        t.user_attrs.get("artifact_bytes"),
+        _float(t.user_attrs.get("peak_memory_mb")),
+    )
 
 
 def importances(trials: list[FrozenTrial]) -> tuple[dict[str, float], str]:
     """Parameter importances over the feasible COMPLETE trials, or ({}, why not)."""
     feasible = [t for t in trials if is_feasible(t)]
-    varied = sorted({name for t in feasible for name in t.params if len({str(u.params.get(name)) for u in feasible}) > 1})
+    varied = sorted(
+        {name for t in feasible for name in t.params if len({str(u.params.get(name)) for u in feasible}) > 1}
+    )
     if len(feasible) < MIN_IMPORTANCE_TRIALS or not varied:
-        why = f"{len(feasible)} feasible trial(s)" if len(feasible) < MIN_IMPORTANCE_TRIALS else "no parameter varies among the feasible trials"
-        return {}, f"not enough data for parameter importance: {why} (need {MIN_IMPORTANCE_TRIALS} with a varying parameter)"
+        why = (
+            f"{len(feasible)} feasible trial(s)"
+            if len(feasible) < MIN_IMPORTANCE_TRIALS
+            else "no parameter varies among the feasible trials"
+        )
+        return (
+            {},
+            f"not enough data for parameter importance: {why} (need {MIN_IMPORTANCE_TRIALS} with a varying parameter)",
+        )
     copy = optuna.create_study(direction="minimize")
     copy.add_trials(feasible)
     return optuna.importance.get_param_importances(copy, params=varied), ""
@@ -95,7 +119,11 @@ def _samples(measurements: list[Measurement], trial: TrialRow | None, kind: str,
     if kind == "confirm":
         picked = [m for m in measurements if m.kind == "confirm" and m.trial_number == number]
     else:
-        picked = [m for m in measurements if m.kind == "trial" and trial.cache_key and m.result_key.startswith(trial.cache_key)][:1]
+        picked = [
+            m
+            for m in measurements
+            if m.kind == "trial" and trial.cache_key and m.result_key.startswith(trial.cache_key)
+        ][:1]
     return [float(s) for m in picked for s in m.samples_ms]
 
 
@@ -114,7 +142,13 @@ def collect(ctx: Context, study: optuna.Study) -> ReportData:
     by_number = {r.number: r for r in rows}
     conf = confirmation or {}
     contender = conf["trial"] if conf.get("trial") is not None else (summary.best.number if summary.best else None)
-    role = "winner" if conf.get("winner_trial") is not None else "best candidate" if conf.get("trial") is not None else "best feasible"
+    role = (
+        "winner"
+        if conf.get("winner_trial") is not None
+        else "best candidate"
+        if conf.get("trial") is not None
+        else "best feasible"
+    )
     baseline = summary.baseline.number if summary.baseline else None
     measurements = ResultStore(ctx.url).measurements(ctx.spec.study)
     confirm_run = _latest_confirm_run(measurements)
@@ -122,9 +156,18 @@ def collect(ctx: Context, study: optuna.Study) -> ReportData:
     kind = "confirm" if baseline in confirmed and contender in confirmed else "trial"
     pool = confirm_run if kind == "confirm" else measurements
     data = ReportData(
-        study=ctx.spec.study, statistic=ctx.spec.objective.statistic, metric=ctx.spec.accuracy.metric,
-        tolerance=ctx.spec.accuracy.tolerance, summary=summary, trials=rows, confirmation=confirmation,
-        samples_kind=kind, contender=contender, contender_role=role, headline=headline, max_memory_mb=ctx.spec.objective.max_memory_mb,
+        study=ctx.spec.study,
+        statistic=ctx.spec.objective.statistic,
+        metric=ctx.spec.accuracy.metric,
+        tolerance=ctx.spec.accuracy.tolerance,
+        summary=summary,
+        trials=rows,
+        confirmation=confirmation,
+        samples_kind=kind,
+        contender=contender,
+        contender_role=role,
+        headline=headline,
+        max_memory_mb=ctx.spec.objective.max_memory_mb,
     )
     data.samples = {
         "default": _samples(pool, by_number.get(baseline) if baseline is not None else None, kind, baseline),

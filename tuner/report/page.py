@@ -8,8 +8,8 @@ from html import escape
 from pathlib import Path
 
 from tuner.report.data import ReportData, TrialRow
-from tuner.study.verdict import Estimate
 from tuner.space import canonical_route
+from tuner.study.verdict import Estimate
 
 CAPTIONS = {
     "history": "Every timed trial's latency; red crosses broke the accuracy tolerance, ticks at the bottom are trials that failed or were rejected by the accuracy gate before timing.",
@@ -53,8 +53,11 @@ def _headline(data: ReportData) -> str:
         ("feasible / infeasible / failed", f"{s.feasible} / {s.infeasible} / {s.failed}"),
         ("best feasible in the study", f"trial {s.best.number}: {_ms(s.best_ms)}" if s.best else "none"),
         ("default route", f"trial {s.baseline.number}: {_ms(s.default_ms)}" if s.baseline else "not run"),
-        ("objective", f"{data.statistic} latency; accuracy {data.metric} <= {data.tolerance:g}"
-                      + (f"; peak memory <= {data.max_memory_mb:g} MiB" if data.max_memory_mb is not None else "")),
+        (
+            "objective",
+            f"{data.statistic} latency; accuracy {data.metric} <= {data.tolerance:g}"
+            + (f"; peak memory <= {data.max_memory_mb:g} MiB" if data.max_memory_mb is not None else ""),
+        ),
     ]
     return f"<table>{_rows(pairs)}</table>"
 
@@ -64,9 +67,16 @@ def _verdict(data: ReportData) -> str:
     cls = "verdict" if head and head.verdict == "speedup" else "verdict none"
     lead = f'<p class="{cls}"><b>{escape(head.sentence if head else "No verdict.")}</b>'
     if not conf:
-        return lead + "<br>Not confirmed: <code>tuner run</code> re-measures the top candidates against the default when the budget is spent.</p>"
-    detail = f"<br><small>{escape(str(conf.get('method', '')))}; {escape(str(conf.get('created_at', '')))}</small>" if conf.get("method") else ""
-    return f'{lead}<br>Confirmation: {escape(str(conf.get("message", conf.get("verdict"))))}{detail}</p>'
+        return (
+            lead
+            + "<br>Not confirmed: <code>tuner run</code> re-measures the top candidates against the default when the budget is spent.</p>"
+        )
+    detail = (
+        f"<br><small>{escape(str(conf.get('method', '')))}; {escape(str(conf.get('created_at', '')))}</small>"
+        if conf.get("method")
+        else ""
+    )
+    return f"{lead}<br>Confirmation: {escape(str(conf.get('message', conf.get('verdict'))))}{detail}</p>"
 
 
 def _confirmed(data: ReportData) -> str:
@@ -78,14 +88,19 @@ def _confirmed(data: ReportData) -> str:
     head = "<tr><th>trial</th><th>confirmed speedup</th><th>interval</th><th>median</th><th>study value</th></tr>"
     body = "".join(
         f"<tr><td>{escape(str(r.get('trial')))}</td>"
-        + (f"<td colspan=\"4\">{escape(str(r['failure']))}</td>" if r.get("failure") else
-           f"<td>{r['speedup']:.3f}x</td><td>{r.get('confidence', 0):.1%} CI {r['low']:.3f}x-{r['high']:.3f}x</td>"
-           f"<td>{_ms(r.get('median_ms'))}</td><td>{_ms(r.get('study_value'))}</td>")
+        + (
+            f'<td colspan="4">{escape(str(r["failure"]))}</td>'
+            if r.get("failure")
+            else f"<td>{r['speedup']:.3f}x</td><td>{r.get('confidence', 0):.1%} CI {r['low']:.3f}x-{r['high']:.3f}x</td>"
+            f"<td>{_ms(r.get('median_ms'))}</td><td>{_ms(r.get('study_value'))}</td>"
+        )
         + "</tr>"
         for r in rows
     )
-    return (f"<table>{head}{body}</table><p><small>Default route median {escape(_ms(conf.get('default_median_ms')))} over "
-            f"{escape(str(conf.get('rounds')))} interleaved rounds.</small></p>")
+    return (
+        f"<table>{head}{body}</table><p><small>Default route median {escape(_ms(conf.get('default_median_ms')))} over "
+        f"{escape(str(conf.get('rounds')))} interleaved rounds.</small></p>"
+    )
 
 
 def _top_trials(data: ReportData, limit: int = 10) -> str:
@@ -95,14 +110,16 @@ def _top_trials(data: ReportData, limit: int = 10) -> str:
         routes.setdefault(canonical_route(t.params), []).append(t)
     if not routes:
         return "<p>No feasible trial.</p>"
-    head = ("<tr><th>trial</th><th>latency</th><th>speedup vs default in the study</th><th>accuracy</th><th>engine file</th>"
-            "<th>peak memory</th><th>route</th><th>same route in</th></tr>")
+    head = (
+        "<tr><th>trial</th><th>latency</th><th>speedup vs default in the study</th><th>accuracy</th><th>engine file</th>"
+        "<th>peak memory</th><th>route</th><th>same route in</th></tr>"
+    )
     body = "".join(
         f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{escape(_estimate(t.speedup))}</td>"
         f"<td>{'-' if t.accuracy is None else f'{t.accuracy:.3g}'}</td>"
         f"<td>{_mib(None if t.artifact_bytes is None else t.artifact_bytes / (1 << 20))}</td><td>{_mib(t.peak_memory_mb)}</td>"
-        f"<td class=\"route\"><code>{escape(', '.join(f'{k}={v}' for k, v in t.params.items()))}</code></td>"
-        f"<td class=\"route\">{', '.join(str(r.number) for r in rest) or '-'}</td></tr>"
+        f'<td class="route"><code>{escape(", ".join(f"{k}={v}" for k, v in t.params.items()))}</code></td>'
+        f'<td class="route">{", ".join(str(r.number) for r in rest) or "-"}</td></tr>'
         for t, *rest in list(routes.values())[:limit]
     )
     return f"<table>{head}{body}</table>"
@@ -124,7 +141,7 @@ def render(data: ReportData, figures: dict[str, Path]) -> str:
     )
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
-        f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Route Tuner report: {escape(data.study)}</title>"
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Route Tuner report: {escape(data.study)}</title>'
         f"<style>{STYLE}</style></head><body><h1>Route Tuner report: {escape(data.study)}</h1>"
         f"{_verdict(data)}<h2>Summary</h2>{_headline(data)}<h2>Confirmation: paired speedups</h2>{_confirmed(data)}"
         f"<h2>Fastest feasible routes</h2>{_top_trials(data)}"

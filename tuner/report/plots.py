@@ -53,10 +53,15 @@ def history(data: ReportData) -> Figure:
     if not timed:
         _message(ax, "no trial has been timed yet")
         return fig
-    for feasible, color, marker, label in ((True, FEASIBLE, "o", "feasible"), (False, INFEASIBLE, "x", "infeasible (over tolerance)")):
+    for feasible, color, marker, label in (
+        (True, FEASIBLE, "o", "feasible"),
+        (False, INFEASIBLE, "x", "infeasible (over tolerance)"),
+    ):
         pts = [t for t in timed if t.feasible == feasible]
         if pts:
-            ax.scatter([t.number for t in pts], [_latency(t) for t in pts], c=color, marker=marker, s=28, label=label, zorder=3)
+            ax.scatter(
+                [t.number for t in pts], [_latency(t) for t in pts], c=color, marker=marker, s=28, label=label, zorder=3
+            )
     best, xs, ys = None, [], []
     for t in sorted(data.trials, key=lambda t: t.number):
         if t.feasible and t.value is not None and (best is None or t.value < best):
@@ -67,11 +72,26 @@ def history(data: ReportData) -> Figure:
     if xs:
         ax.step(xs, ys, where="post", color=WINNER, lw=1.8, label="best feasible so far")
     if data.summary.baseline_value is not None:
-        ax.axhline(data.summary.baseline_value, color=DEFAULT, ls="--", lw=1.2, label=f"default route ({data.summary.baseline_value:.4g} ms)")
+        ax.axhline(
+            data.summary.baseline_value,
+            color=DEFAULT,
+            ls="--",
+            lw=1.2,
+            label=f"default route ({data.summary.baseline_value:.4g} ms)",
+        )
     untimed = [t for t in data.trials if t.value is None]
     if untimed:
-        ax.plot([t.number for t in untimed], [0] * len(untimed), "|", color="#ff7f0e", ms=14, mew=2, transform=ax.get_xaxis_transform(),
-                label=f"not timed: failed or gate-rejected ({len(untimed)})", clip_on=False)
+        ax.plot(
+            [t.number for t in untimed],
+            [0] * len(untimed),
+            "|",
+            color="#ff7f0e",
+            ms=14,
+            mew=2,
+            transform=ax.get_xaxis_transform(),
+            label=f"not timed: failed or gate-rejected ({len(untimed)})",
+            clip_on=False,
+        )
     ax.set(title=f"Optimisation history: {data.study}", xlabel="trial number")
     _latency_axis(ax, data, [_latency(t) for t in timed])
     ax.grid(alpha=0.3)
@@ -96,15 +116,39 @@ def latency_distribution(data: ReportData) -> Figure:
     bins = list(np.linspace(lo, hi, 50))
     for label, samples, color in series:
         arr = np.asarray(samples)
-        ax.hist(arr[arr <= hi], bins=bins, density=True, alpha=0.55, color=color, label=f"{label}: median {np.median(arr):.4g} ms, n={arr.size}")
+        ax.hist(
+            arr[arr <= hi],
+            bins=bins,
+            density=True,
+            alpha=0.55,
+            color=color,
+            label=f"{label}: median {np.median(arr):.4g} ms, n={arr.size}",
+        )
         ax.axvline(float(np.median(arr)), color=color, lw=1.5)
-    source = "confirmation rounds (fresh processes, interleaved)" if data.samples_kind == "confirm" else "the study's timing runs"
-    title = "Latency distribution" + (": the default route is the best feasible" if same else f": default vs {data.contender_role}")
-    ax.set(title=title, xlabel=f"latency (ms); {int((values > hi).sum())} samples above the 99th percentile not shown", ylabel="density")
+    source = (
+        "confirmation rounds (fresh processes, interleaved)"
+        if data.samples_kind == "confirm"
+        else "the study's timing runs"
+    )
+    title = "Latency distribution" + (
+        ": the default route is the best feasible" if same else f": default vs {data.contender_role}"
+    )
+    ax.set(
+        title=title,
+        xlabel=f"latency (ms); {int((values > hi).sum())} samples above the 99th percentile not shown",
+        ylabel="density",
+    )
     conf = data.confirmation or {}
     if conf.get("ci") and not same:
-        ax.text(0.99, 0.55, f"speedup {conf['speedup']:.3f}x\n{conf['confidence']:.0%} CI {conf['ci'][0]:.3f}x-{conf['ci'][1]:.3f}x",
-                ha="right", transform=ax.transAxes, fontsize=9, bbox={"fc": "white", "ec": "#999999"})
+        ax.text(
+            0.99,
+            0.55,
+            f"speedup {conf['speedup']:.3f}x\n{conf['confidence']:.0%} CI {conf['ci'][0]:.3f}x-{conf['ci'][1]:.3f}x",
+            ha="right",
+            transform=ax.transAxes,
+            fontsize=9,
+            bbox={"fc": "white", "ec": "#999999"},
+        )
     ax.legend(fontsize=8, title=f"samples from {source}", title_fontsize=8)
     ax.grid(alpha=0.3)
     return fig
@@ -123,28 +167,59 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
     floor = min([a for a in accuracy.values() if a > 0] + [data.tolerance]) / 10
 
     def x_of(t: TrialRow) -> float:
-        return (accuracy[t.number] or floor) if log else accuracy[t.number]  # an exact 0 is drawn a decade below the rest
+        return (
+            (accuracy[t.number] or floor) if log else accuracy[t.number]
+        )  # an exact 0 is drawn a decade below the rest
 
-    for feasible, color, marker, label in ((True, FEASIBLE, "o", "feasible"), (False, INFEASIBLE, "x", "over tolerance")):
+    for feasible, color, marker, label in (
+        (True, FEASIBLE, "o", "feasible"),
+        (False, INFEASIBLE, "x", "over tolerance"),
+    ):
         chosen = [t for t in pts if t.feasible == feasible]
         if chosen:
-            ax.scatter([x_of(t) for t in chosen], [_latency(t) for t in chosen], c=color, marker=marker, s=30, zorder=3, label=label)
+            ax.scatter(
+                [x_of(t) for t in chosen],
+                [_latency(t) for t in chosen],
+                c=color,
+                marker=marker,
+                s=30,
+                zorder=3,
+                label=label,
+            )
     if gated:
-        ax.plot([x_of(t) for t in gated], [0] * len(gated), "|", color="#ff7f0e", ms=14, mew=2, transform=ax.get_xaxis_transform(),
-                clip_on=False, label=f"rejected by the accuracy gate, not timed ({len(gated)})")
+        ax.plot(
+            [x_of(t) for t in gated],
+            [0] * len(gated),
+            "|",
+            color="#ff7f0e",
+            ms=14,
+            mew=2,
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+            label=f"rejected by the accuracy gate, not timed ({len(gated)})",
+        )
     names = {data.summary.baseline.number: "default"} if data.summary.baseline else {}
     if data.contender is not None and data.contender not in names:
         names[data.contender] = data.contender_role
     for t in pts:
         if t.number in names:
             below = names[t.number] != "default"  # default above the point, the other below: they often coincide
-            ax.annotate(f"{names[t.number]} (#{t.number})", (x_of(t), t.value), textcoords="offset points", xytext=(6, -12 if below else 6), fontsize=8)
+            ax.annotate(
+                f"{names[t.number]} (#{t.number})",
+                (x_of(t), t.value),
+                textcoords="offset points",
+                xytext=(6, -12 if below else 6),
+                fontsize=8,
+            )
     if log:
         xs = [x_of(t) for t in pts + gated]
         ax.set_xlim(min(min(xs), data.tolerance) / 10, max(max(xs), data.tolerance) * 10)
         ax.set_xscale("log")
     ax.axvline(data.tolerance, color=INFEASIBLE, ls="--", lw=1.2, label=f"tolerance {data.tolerance:g}")
-    ax.set(title="Accuracy vs latency", xlabel=f"{data.metric} vs the fp32 reference (lower is closer)" + (", log scale" if log else ""))
+    ax.set(
+        title="Accuracy vs latency",
+        xlabel=f"{data.metric} vs the fp32 reference (lower is closer)" + (", log scale" if log else ""),
+    )
     _latency_axis(ax, data, [_latency(t) for t in pts])
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
@@ -176,7 +251,14 @@ def failure_classes(data: ReportData) -> Figure:
     stacks = [np.cumsum([t.outcome == o for t in rows]) for o in outcomes]
     palette = iter(["#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f"])
     colors = [OUTCOME_COLORS.get(o) or next(palette, "#333333") for o in outcomes]
-    ax.stackplot(x, *stacks, labels=[f"{o} ({int(s[-1])})" for o, s in zip(outcomes, stacks, strict=True)], colors=colors, alpha=0.85, step="post")
+    ax.stackplot(
+        x,
+        *stacks,
+        labels=[f"{o} ({int(s[-1])})" for o, s in zip(outcomes, stacks, strict=True)],
+        colors=colors,
+        alpha=0.85,
+        step="post",
+    )
     ax.set(title="Outcomes over time (cumulative)", xlabel="trial number", ylabel="trials")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)

@@ -90,8 +90,17 @@ def knob_groups(space: SearchSpace) -> Groups:
         if p.name in default:
             groups.append([p.name])
             continue
-        home = next((g for g in groups if any(p.name in space.complete(joint)
-                                              for joint in itertools.islice(_joint(space, default, set(g)), GROUP_VALUES_MAX))), None)
+        home = next(
+            (
+                g
+                for g in groups
+                if any(
+                    p.name in space.complete(joint)
+                    for joint in itertools.islice(_joint(space, default, set(g)), GROUP_VALUES_MAX)
+                )
+            ),
+            None,
+        )
         if home is None:
             groups.append([p.name])
         else:
@@ -102,6 +111,7 @@ def knob_groups(space: SearchSpace) -> Groups:
 def _joint(space: SearchSpace, route: Mapping[str, Value], free: set[str]) -> Iterator[Route]:
     """The joint values of the knobs in `free` that are active, walking the space in order, every other
     active knob at its value in `route` (its default where `route` lacks it)."""
+
     def walk(i: int, chosen: Route) -> Iterator[Route]:
         if i == len(space.params):
             yield {k: v for k, v in chosen.items() if k in free}

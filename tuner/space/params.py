@@ -161,9 +161,16 @@ def _member(value: Value, choices: Sequence[Value]) -> bool:
 
 
 def _same(a: Value, b: Value) -> bool:
-    return type(a) is type(b) and a == b or (
-        not isinstance(a, bool) and not isinstance(b, bool) and isinstance(a, int | float)
-        and isinstance(b, int | float) and a == b
+    return (
+        type(a) is type(b)
+        and a == b
+        or (
+            not isinstance(a, bool)
+            and not isinstance(b, bool)
+            and isinstance(a, int | float)
+            and isinstance(b, int | float)
+            and a == b
+        )
     )
 
 

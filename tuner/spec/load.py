@@ -14,7 +14,18 @@ from typing import Any
 from tuner.errors import MissingLibrary, SpecError, TunerError, require
 from tuner.objective import settings as objective_settings
 from tuner.objective import value_type
-from tuner.spec.model import DEFAULT_SAMPLER, DEFAULT_STARTUP_TRIALS, AccuracySpec, BackendSpec, DataSpec, InputData, ModelSpec, ObjectiveSpec, RunSpec, Spec
+from tuner.spec.model import (
+    DEFAULT_SAMPLER,
+    DEFAULT_STARTUP_TRIALS,
+    AccuracySpec,
+    BackendSpec,
+    DataSpec,
+    InputData,
+    ModelSpec,
+    ObjectiveSpec,
+    RunSpec,
+    Spec,
+)
 from tuner.store.urls import STORAGE_ENV, normalize_url
 
 SAMPLERS = ("local", "tpe", "random", "gp")
@@ -27,8 +38,21 @@ _SECTIONS: dict[str, set[str]] = {
     "accuracy": {"metric", "tolerance", "atol", "rtol"},
     "objective": {name for name, _, _ in objective_settings()},
     "backend": {"name", "space", "options"},
-    "run": {"budget", "workers", "trial_timeout_s", "heartbeat_s", "grace_s", "sampler", "seed", "startup_trials", "racing",
-            "warm_start", "keep_best", "max_disk_mb", "mix_devices"},
+    "run": {
+        "budget",
+        "workers",
+        "trial_timeout_s",
+        "heartbeat_s",
+        "grace_s",
+        "sampler",
+        "seed",
+        "startup_trials",
+        "racing",
+        "warm_start",
+        "keep_best",
+        "max_disk_mb",
+        "mix_devices",
+    },
 }
 
 
@@ -52,10 +76,14 @@ class _Reader:
             raise self.fail(name, "expected a table")
         unknown = sorted(set(value) - _SECTIONS[name])
         if unknown:
-            raise self.fail(f"{name}.{unknown[0]}", f"unknown field; expected one of {', '.join(sorted(_SECTIONS[name]))}")
+            raise self.fail(
+                f"{name}.{unknown[0]}", f"unknown field; expected one of {', '.join(sorted(_SECTIONS[name]))}"
+            )
         return value
 
-    def get(self, table: dict[str, Any], section: str, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    def get(
+        self, table: dict[str, Any], section: str, key: str, kind: type | tuple[type, ...], default: Any = ...
+    ) -> Any:
         field = f"{section}.{key}"
         if key not in table:
             if default is ...:
@@ -69,10 +97,20 @@ class _Reader:
             raise self.fail(field, f"expected {_kind_name(kinds)}, got {type(value).__name__} {value!r}")
         return value
 
-    def number(self, table: dict[str, Any], section: str, key: str, default: Any = ..., minimum: float = 0.0, strict: bool = False) -> float:
+    def number(
+        self,
+        table: dict[str, Any],
+        section: str,
+        key: str,
+        default: Any = ...,
+        minimum: float = 0.0,
+        strict: bool = False,
+    ) -> float:
         value = float(self.get(table, section, key, (int, float), default))
         if value < minimum or (strict and value == minimum):
-            raise self.fail(f"{section}.{key}", f"expected a number {'>' if strict else '>='} {minimum:g}, got {value:g}")
+            raise self.fail(
+                f"{section}.{key}", f"expected a number {'>' if strict else '>='} {minimum:g}, got {value:g}"
+            )
         return value
 
     def count(self, table: dict[str, Any], section: str, key: str, default: Any = ..., minimum: int = 1) -> int:
@@ -83,7 +121,14 @@ class _Reader:
 
 
 def _kind_name(kinds: tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a table"}
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        list: "a list",
+        dict: "a table",
+    }
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
@@ -131,7 +176,9 @@ def _model(r: _Reader, base: Path) -> ModelSpec:
     declared = r.get(t, "model", "inputs", dict, {})
     extra = sorted(set(declared) - set(graph_inputs))
     if extra:
-        raise r.fail(f"model.inputs.{extra[0]}", f"the model has no such input; its inputs are {', '.join(graph_inputs)}")
+        raise r.fail(
+            f"model.inputs.{extra[0]}", f"the model has no such input; its inputs are {', '.join(graph_inputs)}"
+        )
     shapes: dict[str, tuple[int, ...]] = {}
     axes: dict[str, int | None] = {}
     for name, (_dtype, dims) in graph_inputs.items():
@@ -142,7 +189,10 @@ def _model(r: _Reader, base: Path) -> ModelSpec:
         if "shape" in entry:
             shapes[name] = _shape(r, f"{field}.shape", entry["shape"], dims)
         elif dims is None or any(d is None for d in dims):
-            raise r.fail(field, f"the model's input has dynamic dimensions {_dims(dims)}; give its shape, e.g. {{ shape = [1, ...] }}")
+            raise r.fail(
+                field,
+                f"the model's input has dynamic dimensions {_dims(dims)}; give its shape, e.g. {{ shape = [1, ...] }}",
+            )
         else:
             shapes[name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
         axes[name] = _batch_axis(r, f"{field}.batch_axis", entry, shapes[name])
@@ -203,7 +253,9 @@ def _data(r: _Reader, base: Path, model: ModelSpec) -> DataSpec:
     return spec
 
 
-def _input_data(r: _Reader, tables: dict[str, Any], model: ModelSpec, from_file: bool, default: tuple[float, float]) -> dict[str, InputData]:
+def _input_data(
+    r: _Reader, tables: dict[str, Any], model: ModelSpec, from_file: bool, default: tuple[float, float]
+) -> dict[str, InputData]:
     """`[data.inputs.NAME]`: a constant `value`, or a `low`/`high` range typed like the input (either end
     defaults to data.low/data.high; integers are drawn from [low, high), so high may be one past the type's max)."""
     import numpy as np
@@ -222,14 +274,20 @@ def _input_data(r: _Reader, tables: dict[str, Any], model: ModelSpec, from_file:
             out[name] = InputData(value=_typed(r, f"{field}.value", entry["value"], dtype))
             continue
         if from_file:
-            raise r.fail(f"{field}.{next(iter(entry))}", f"a range applies to generated inputs; with data.file, {name!r} comes from the file (give value = ... to set it here)")
+            raise r.fail(
+                f"{field}.{next(iter(entry))}",
+                f"a range applies to generated inputs; with data.file, {name!r} comes from the file (give value = ... to set it here)",
+            )
         if dtype == np.bool_:
             raise r.fail(f"{field}.{next(iter(entry))}", "a boolean input takes value = true or false, not a range")
         lo = _typed(r, f"{field}.low", entry["low"], dtype) if "low" in entry else None
         hi = _typed(r, f"{field}.high", entry["high"], dtype, past_max=True) if "high" in entry else None
         if (default[1] if hi is None else hi) <= (default[0] if lo is None else lo):
             end = "high" if "high" in entry else "low"
-            raise r.fail(f"{field}.{end}", f"expected high above low; the range is [{default[0] if lo is None else lo}, {default[1] if hi is None else hi})")
+            raise r.fail(
+                f"{field}.{end}",
+                f"expected high above low; the range is [{default[0] if lo is None else lo}, {default[1] if hi is None else hi})",
+            )
         out[name] = InputData(low=lo, high=hi)
     return out
 
@@ -360,7 +418,10 @@ def _check_space(r: _Reader, spec: Spec) -> None:
     try:
         space.restrict(spec.backend.space)
     except KeyError as exc:
-        raise r.fail(f"backend.space.{exc.args[0].split(',')[0]}", f"unknown parameter; expected one of {', '.join(space.names())}") from exc
+        raise r.fail(
+            f"backend.space.{exc.args[0].split(',')[0]}",
+            f"unknown parameter; expected one of {', '.join(space.names())}",
+        ) from exc
     except ValueError as exc:
         name, _, msg = str(exc).partition(": ")
         raise r.fail(f"backend.space.{name}", msg) from exc

@@ -39,7 +39,9 @@ def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
-        raise reader.fail("model.path", f"{path.name} fails the ONNX checker: {first_line(exc, type(exc).__name__)}") from exc
+        raise reader.fail(
+            "model.path", f"{path.name} fails the ONNX checker: {first_line(exc, type(exc).__name__)}"
+        ) from exc
     initializers = {i.name for i in model.graph.initializer}
     out: dict[str, tuple[str, list[int | None] | None]] = {}
     for inp in model.graph.input:
@@ -49,6 +51,10 @@ def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None
         dtype = _DTYPES.get(t.elem_type)
         if dtype is None:
             raise reader.fail(f"model.inputs.{inp.name}", f"unsupported input element type {t.elem_type}")
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim] if t.HasField("shape") else None
+        dims = (
+            [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim]
+            if t.HasField("shape")
+            else None
+        )
         out[inp.name] = (dtype, dims)
     return out

@@ -21,13 +21,32 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-def cache_key(*, model_sha: str, shapes: dict[str, Any], data_sha: str, backend: str, backend_version: str,
-              environment_id: str, route: dict[str, Any], options: dict[str, Any], measure: dict[str, Any]) -> str:
+def cache_key(
+    *,
+    model_sha: str,
+    shapes: dict[str, Any],
+    data_sha: str,
+    backend: str,
+    backend_version: str,
+    environment_id: str,
+    route: dict[str, Any],
+    options: dict[str, Any],
+    measure: dict[str, Any],
+) -> str:
     """Everything that can change a trial's result, hashed: nothing is reused across a changed key."""
-    return digest({
-        "model": model_sha, "shapes": shapes, "data": data_sha, "backend": backend, "version": backend_version,
-        "env": environment_id, "route": route, "options": options, "measure": measure,
-    })
+    return digest(
+        {
+            "model": model_sha,
+            "shapes": shapes,
+            "data": data_sha,
+            "backend": backend,
+            "version": backend_version,
+            "env": environment_id,
+            "route": route,
+            "options": options,
+            "measure": measure,
+        }
+    )
 
 
 def _upsert_ignore(session: Session, model: type, values: dict[str, Any]) -> None:
@@ -67,12 +86,30 @@ class ResultStore:
             _upsert_ignore(s, CachedResult, {"key": key, "created_at": time.time(), **values})
 
     @retried
-    def add_measurement(self, study: str, trial_number: int, result_key: str, kind: str, stats: dict[str, Any],
-                        samples_ms: list[float], timing_info: dict[str, Any]) -> None:
+    def add_measurement(
+        self,
+        study: str,
+        trial_number: int,
+        result_key: str,
+        kind: str,
+        stats: dict[str, Any],
+        samples_ms: list[float],
+        timing_info: dict[str, Any],
+    ) -> None:
         """Keep a timing run's raw samples."""
         with Session(self.engine) as s, s.begin():
-            s.add(Measurement(study=study, trial_number=trial_number, result_key=result_key, kind=kind, stats=stats,
-                              samples_ms=samples_ms, timing_info=timing_info, created_at=time.time()))
+            s.add(
+                Measurement(
+                    study=study,
+                    trial_number=trial_number,
+                    result_key=result_key,
+                    kind=kind,
+                    stats=stats,
+                    samples_ms=samples_ms,
+                    timing_info=timing_info,
+                    created_at=time.time(),
+                )
+            )
 
     @retried
     def measurements(self, study: str, kind: str | None = None) -> list[Measurement]:
@@ -89,7 +126,11 @@ class ResultStore:
     def add_artifact(self, sha256: str, path: str, size: int, backend: str) -> None:
         """Record a kept artifact file (idempotent)."""
         with Session(self.engine) as s, s.begin():
-            _upsert_ignore(s, ArtifactRecord, {"sha256": sha256, "path": path, "bytes": size, "backend": backend, "created_at": time.time()})
+            _upsert_ignore(
+                s,
+                ArtifactRecord,
+                {"sha256": sha256, "path": path, "bytes": size, "backend": backend, "created_at": time.time()},
+            )
 
     @retried
     def artifact(self, sha256: str) -> ArtifactRecord | None:

@@ -59,8 +59,11 @@ class Outage:
         with self._lock:
             if self.since is None:
                 self.since = time.monotonic()
-                log.warning("database unreachable (%s); waiting for it, however long, retrying every <= %g s",
-                            type(exc).__name__, RETRY_CAP_S)
+                log.warning(
+                    "database unreachable (%s); waiting for it, however long, retrying every <= %g s",
+                    type(exc).__name__,
+                    RETRY_CAP_S,
+                )
 
     def recovered(self) -> None:
         """An operation succeeded: if an outage was on, it is over."""
@@ -96,8 +99,11 @@ def db_retry(max_wait_s: float | None = None) -> Retrying:
     """
     stop: Any = stop_never if max_wait_s is None else stop_after_delay(max_wait_s)
     return _Retrying(
-        retry=retry_if_exception(is_db_fault), wait=wait_exponential(multiplier=0.5, max=RETRY_CAP_S),
-        stop=stop | (lambda rs: STOP.is_set()), reraise=True, sleep=STOP.wait,
+        retry=retry_if_exception(is_db_fault),
+        wait=wait_exponential(multiplier=0.5, max=RETRY_CAP_S),
+        stop=stop | (lambda rs: STOP.is_set()),
+        reraise=True,
+        sleep=STOP.wait,
         before_sleep=lambda rs: OUTAGE.failed(rs.outcome.exception() if rs.outcome else None),
     )
 
@@ -152,19 +158,27 @@ class PgTimeouts:
                 if values[name] <= 0:
                     raise ValueError
             except ValueError:
-                raise TunerError(f"${TIMEOUTS_ENV}: {item.strip()!r}: expected name=positive number, names: {', '.join(names)}") from None
+                raise TunerError(
+                    f"${TIMEOUTS_ENV}: {item.strip()!r}: expected name=positive number, names: {', '.join(names)}"
+                ) from None
         return cls(**values)
 
     def connect_args(self) -> dict[str, Any]:
         """libpq connection parameters: client keepalives and the server-side session limits."""
         server = {
-            "statement_timeout": _ms(self.statement_s), "lock_timeout": _ms(self.lock_s),
-            "idle_in_transaction_session_timeout": _ms(self.idle_tx_s), "tcp_keepalives_idle": self.keepalive_idle_s,
-            "tcp_keepalives_interval": self.keepalive_interval_s, "tcp_keepalives_count": self.keepalive_count,
+            "statement_timeout": _ms(self.statement_s),
+            "lock_timeout": _ms(self.lock_s),
+            "idle_in_transaction_session_timeout": _ms(self.idle_tx_s),
+            "tcp_keepalives_idle": self.keepalive_idle_s,
+            "tcp_keepalives_interval": self.keepalive_interval_s,
+            "tcp_keepalives_count": self.keepalive_count,
         }
         return {
-            "connect_timeout": 10, "keepalives": 1, "keepalives_idle": self.keepalive_idle_s,
-            "keepalives_interval": self.keepalive_interval_s, "keepalives_count": self.keepalive_count,
+            "connect_timeout": 10,
+            "keepalives": 1,
+            "keepalives_idle": self.keepalive_idle_s,
+            "keepalives_interval": self.keepalive_interval_s,
+            "keepalives_count": self.keepalive_count,
             "options": " ".join(f"-c {k}={v}" for k, v in server.items()),
         }
 
@@ -177,8 +191,13 @@ def engine_kwargs(url: str) -> dict:
     """Engine options for our tables and Optuna's: pre-ping, recycling, bounded waits; SQLite waits for locks."""
     if make_url(url).get_backend_name() == "sqlite":
         return {"connect_args": {"timeout": 120}}
-    return {"pool_pre_ping": True, "pool_recycle": 300, "pool_size": 2, "max_overflow": 4,
-            "connect_args": PgTimeouts.from_env().connect_args()}
+    return {
+        "pool_pre_ping": True,
+        "pool_recycle": 300,
+        "pool_size": 2,
+        "max_overflow": 4,
+        "connect_args": PgTimeouts.from_env().connect_args(),
+    }
 
 
 @cache
@@ -187,7 +206,9 @@ def get_engine(url: str) -> Engine:
     try:
         return create_engine(url, **engine_kwargs(url))
     except (SQLAlchemyError, ImportError, ValueError) as exc:
-        raise TunerError(f"storage {mask_url(url)}: not a usable database URL ({first_line(scrub(str(exc), url))})") from exc
+        raise TunerError(
+            f"storage {mask_url(url)}: not a usable database URL ({first_line(scrub(str(exc), url))})"
+        ) from exc
 
 
 def check_reachable(url: str) -> None:
@@ -254,7 +275,9 @@ def upgrade_schema(url: str) -> tuple[str | None, str]:
     if before != head_revision():
         with get_engine(url).begin() as conn:
             if conn.dialect.name == "postgresql":
-                conn.execute(text("SET LOCAL statement_timeout = 0"))  # a migration may take long; it holds the schema lock
+                conn.execute(
+                    text("SET LOCAL statement_timeout = 0")
+                )  # a migration may take long; it holds the schema lock
             command.upgrade(_alembic_config(conn), "head")  # type: ignore[arg-type]
     return before, head_revision()
 
@@ -263,7 +286,11 @@ def db_epoch(conn: object) -> float:
     """Seconds since the epoch by the database's clock (one clock for every host of a study)."""
     bind = conn.get_bind() if hasattr(conn, "get_bind") else conn
     dialect = bind.dialect.name  # type: ignore[attr-defined]
-    sql = "SELECT extract(epoch from clock_timestamp())" if dialect == "postgresql" else "SELECT (julianday('now') - 2440587.5) * 86400.0"
+    sql = (
+        "SELECT extract(epoch from clock_timestamp())"
+        if dialect == "postgresql"
+        else "SELECT (julianday('now') - 2440587.5) * 86400.0"
+    )
     return float(conn.execute(text(sql)).scalar())  # type: ignore[attr-defined]
 
 
@@ -305,7 +332,9 @@ def named_lock(url: str, name: str, lock_file: Path) -> Iterator[HeldLock]:
 
 
 @contextlib.contextmanager
-def _named_lock(url: str, name: str, lock_file: Path, blocking: bool, keep_alive: bool = False) -> Iterator[HeldLock | None]:
+def _named_lock(
+    url: str, name: str, lock_file: Path, blocking: bool, keep_alive: bool = False
+) -> Iterator[HeldLock | None]:
     """The lock (None if `blocking` is off and another holds it). `keep_alive`: for a lock held across a long
     computation that leaves its session idle, a thread touches the session so the server keeps it while
     this process runs (a frozen process stops touching it, and the server ends the session as for any lock)."""
@@ -374,13 +403,20 @@ def _acquire(conn: Connection, key: int, name: str) -> None:
             if not isinstance(exc.orig, LockNotAvailable):
                 raise
             conn.rollback()
-            holder = conn.execute(text(
-                "SELECT a.pid, a.client_addr, a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :hi AND l.objid = :lo"),
-                {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF}).first()
+            holder = conn.execute(
+                text(
+                    "SELECT a.pid, a.client_addr, a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :hi AND l.objid = :lo"
+                ),
+                {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF},
+            ).first()
             conn.commit()
-            log.warning("still waiting for the lock %s (held by server pid %s from %s)", name,
-                        holder[0] if holder else "?", holder[1] if holder else "?")
+            log.warning(
+                "still waiting for the lock %s (held by server pid %s from %s)",
+                name,
+                holder[0] if holder else "?",
+                holder[1] if holder else "?",
+            )
 
 
 def _release(conn: Connection, key: int, name: str, hold: bool) -> None:
@@ -413,8 +449,13 @@ def confirmation_lock(url: str, study: str, wait: bool = True) -> contextlib.Abs
 
     Without waiting the block gets None when a confirmation holds it.
     """
-    return _named_lock(url, f"route-tuner-confirm:{study}", _sqlite_lock_file(url, f"{study}.confirm.lock"), blocking=wait,
-                       keep_alive=True)
+    return _named_lock(
+        url,
+        f"route-tuner-confirm:{study}",
+        _sqlite_lock_file(url, f"{study}.confirm.lock"),
+        blocking=wait,
+        keep_alive=True,
+    )
 
 
 def schema_lock(url: str) -> contextlib.AbstractContextManager[HeldLock]:

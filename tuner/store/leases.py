@@ -62,14 +62,28 @@ class Leases:
     def take(self, trial_id: int, owner: Owner) -> None:
         """Start a lease on a trial that was just asked for (replacing an ownerless one)."""
         with Session(self.engine) as s, s.begin():
-            values = {"study": self.study, "worker": owner.worker, "host": owner.host, "pid": owner.pid,
-                      "heartbeat_at": db_epoch(s), "state": "running"}
-            s.execute(_insert(s).values(trial_id=trial_id, **values).on_conflict_do_update(index_elements=["trial_id"], set_=values))
+            values = {
+                "study": self.study,
+                "worker": owner.worker,
+                "host": owner.host,
+                "pid": owner.pid,
+                "heartbeat_at": db_epoch(s),
+                "state": "running",
+            }
+            s.execute(
+                _insert(s)
+                .values(trial_id=trial_id, **values)
+                .on_conflict_do_update(index_elements=["trial_id"], set_=values)
+            )
 
     def beat(self, trial_id: int) -> None:
         """Refresh the heartbeat of a running lease."""
         with Session(self.engine) as s, s.begin():
-            s.execute(update(Lease).where(Lease.trial_id == trial_id, Lease.state == "running").values(heartbeat_at=db_epoch(s)))
+            s.execute(
+                update(Lease)
+                .where(Lease.trial_id == trial_id, Lease.state == "running")
+                .values(heartbeat_at=db_epoch(s))
+            )
 
     @retried
     def release(self, trial_id: int) -> None:
@@ -95,8 +109,19 @@ class Leases:
             rows = {r.trial_id: r for r in s.scalars(select(Lease).where(Lease.trial_id.in_(running_trial_ids)))}
             for tid in running_trial_ids:
                 if tid not in rows:
-                    s.execute(_insert(s).values(trial_id=tid, study=self.study, worker=UNOWNED, host=UNOWNED, pid=0,
-                                                heartbeat_at=now, state="running").on_conflict_do_nothing(index_elements=["trial_id"]))
+                    s.execute(
+                        _insert(s)
+                        .values(
+                            trial_id=tid,
+                            study=self.study,
+                            worker=UNOWNED,
+                            host=UNOWNED,
+                            pid=0,
+                            heartbeat_at=now,
+                            state="running",
+                        )
+                        .on_conflict_do_nothing(index_elements=["trial_id"])
+                    )
             return [tid for tid, lease in rows.items() if _lost(lease, now, grace_s if trust_heartbeats else math.inf)]
 
     @retried
@@ -113,9 +138,15 @@ class Leases:
             lease = s.get(Lease, trial_id)
             if lease is not None and _dead_here(lease):
                 stale = stale | ((Lease.host == lease.host) & (Lease.pid == lease.pid))
-            claimable = ((Lease.state == "running") & stale) | (Lease.state == "reaped")  # reaped: finish a dead reaper's job
-            done = s.execute(update(Lease).where(Lease.trial_id == trial_id, claimable).values(state="reaped")
-                             .execution_options(synchronize_session=False))
+            claimable = ((Lease.state == "running") & stale) | (
+                Lease.state == "reaped"
+            )  # reaped: finish a dead reaper's job
+            done = s.execute(
+                update(Lease)
+                .where(Lease.trial_id == trial_id, claimable)
+                .values(state="reaped")
+                .execution_options(synchronize_session=False)
+            )
             return done.rowcount == 1
 
 

@@ -45,7 +45,7 @@ def secrets_of(url: str) -> list[str]:
     found: list[str] = []
     m = _USERINFO.match(url)
     if m:
-        found.append(url[m.end(1):m.end() - 1])
+        found.append(url[m.end(1) : m.end() - 1])
     found += [q[3] for q in _QUERY_ITEM.finditer(url) if q[3] and is_secret_key(unquote_plus(q[2]))]
     try:
         parsed = make_url(url)
@@ -65,7 +65,7 @@ def password_of(url: str) -> str | None:
         return str(password) if password else None
     except (ArgumentError, ValueError):
         m = _USERINFO.match(url)
-        return url[m.end(1):m.end() - 1] if m else None
+        return url[m.end(1) : m.end() - 1] if m else None
 
 
 def scrub(text: str, url: str) -> str:
@@ -96,5 +96,5 @@ def normalize_url(url: str) -> str:
     """Pin PostgreSQL URLs without a driver to psycopg2 (SQLAlchemy 2.1 would pick psycopg 3)."""
     for plain in ("postgresql://", "postgres://"):
         if url.startswith(plain):
-            return "postgresql+psycopg2://" + url[len(plain):]
+            return "postgresql+psycopg2://" + url[len(plain) :]
     return url

@@ -48,8 +48,11 @@ def count_trials(url: str, study_id: int) -> Counts:
     """Fresh counts for one study."""
     by_state = count_by_state(url, study_id)
     return Counts(
-        complete=by_state.get("COMPLETE", 0), pruned=by_state.get("PRUNED", 0), fail=by_state.get("FAIL", 0),
-        running=by_state.get("RUNNING", 0), waiting=by_state.get("WAITING", 0),
+        complete=by_state.get("COMPLETE", 0),
+        pruned=by_state.get("PRUNED", 0),
+        fail=by_state.get("FAIL", 0),
+        running=by_state.get("RUNNING", 0),
+        waiting=by_state.get("WAITING", 0),
         uncounted_fail=count_with_attr(url, study_id, "FAIL", "failure_class", UNCOUNTED),
         known_failures=count_with_attr(url, study_id, "PRUNED", "failure_class", (J.KNOWN_FAILURE,)),
     )

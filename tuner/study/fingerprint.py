@@ -22,7 +22,9 @@ from tuner.space import SearchSpace
 from tuner.spec import Spec
 
 
-def study_fingerprint(spec: Spec, space: SearchSpace, data_sha: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def study_fingerprint(
+    spec: Spec, space: SearchSpace, data_sha: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The facts a study's results depend on, as stored with the study."""
     return {
         "model_sha256": file_hash(spec.model.path),
@@ -51,8 +53,10 @@ def device_problem(stored: dict[str, Any], device: str, mix_devices: bool) -> st
     recorded = stored.get(DEVICE)
     if recorded is None or recorded == device or mix_devices:
         return None
-    return (f"the study runs on {recorded!r}, this worker on {device!r}: their timings are not comparable. "
-            "Run it on the study's hardware, start a new study ([study] name), or set [run] mix_devices = true")
+    return (
+        f"the study runs on {recorded!r}, this worker on {device!r}: their timings are not comparable. "
+        "Run it on the study's hardware, start a new study ([study] name), or set [run] mix_devices = true"
+    )
 
 
 NESTED = ("objective",)  # compared (and completed) entry by entry
@@ -85,7 +89,9 @@ def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
         if a == b:
             continue
         if key in NESTED and isinstance(a, dict) and isinstance(b, dict):
-            out += [f"{key}.{k}: study has {a[k]!r}, file has {b[k]!r}" for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+            out += [
+                f"{key}.{k}: study has {a[k]!r}, file has {b[k]!r}" for k in sorted(set(a) & set(b)) if a[k] != b[k]
+            ]
         elif key == "space" and isinstance(a, dict) and isinstance(b, dict):
             changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             out.append(f"search space differs in {', '.join(changed)}")

@@ -80,11 +80,16 @@ def kept_trials(study: optuna.Study, keep_best: int) -> dict[int, str]:
     for t in trials:
         if t.user_attrs.get("source") == "baseline":
             why.setdefault(t.number, []).append("baseline")
-    feasible = sorted((t for t in trials if t.state == TrialState.COMPLETE and is_feasible(t)), key=lambda t: (t.value, t.number))
+    feasible = sorted(
+        (t for t in trials if t.state == TrialState.COMPLETE and is_feasible(t)), key=lambda t: (t.value, t.number)
+    )
     for rank, t in enumerate(feasible[:keep_best], 1):
         why.setdefault(t.number, []).append(f"best feasible #{rank}")
     confirmation = study.user_attrs.get("confirmation") or {}
-    confirmed = {c.get("trial") for c in confirmation.get("candidates", [])} | {confirmation.get("trial"), confirmation.get("winner_trial")}
+    confirmed = {c.get("trial") for c in confirmation.get("candidates", [])} | {
+        confirmation.get("trial"),
+        confirmation.get("winner_trial"),
+    }
     for number in sorted(n for n in confirmed if isinstance(n, int)):
         why.setdefault(number, []).append("confirmed")
     for number, reason in racing_uses(racing.races(study)).items():
@@ -103,15 +108,24 @@ def live_children(ctx: Context, trials: list[FrozenTrial]) -> set[int]:
     with Session(get_engine(ctx.url)) as s:
         reaped = s.scalars(select(Lease).where(Lease.study == ctx.spec.study, Lease.state == "reaped")).all()
     now = db_now(ctx.url)
-    return {by_id[lease.trial_id] for lease in reaped if lease.trial_id in by_id and may_be_alive(lease, now, reaped_hold_s(ctx))}
+    return {
+        by_id[lease.trial_id]
+        for lease in reaped
+        if lease.trial_id in by_id and may_be_alive(lease, now, reaped_hold_s(ctx))
+    }
 
 
 def make_plan(ctx: Context, study: optuna.Study, keep_best: int) -> Plan:
     """What collecting `ctx`'s work dir would remove (nothing is touched)."""
     trials = study.get_trials(deepcopy=False)
     kept = kept_trials(study, keep_best)
-    plan = Plan(ctx.spec.study, ctx.work_dir, kept, work_dir_bytes=size_of(ctx.work_dir),
-                running=sum(1 for t in trials if t.state == TrialState.RUNNING))
+    plan = Plan(
+        ctx.spec.study,
+        ctx.work_dir,
+        kept,
+        work_dir_bytes=size_of(ctx.work_dir),
+        running=sum(1 for t in trials if t.state == TrialState.RUNNING),
+    )
     needed = {_sha(t) for t in trials if t.number in kept} | _shas_of_other_studies(study)
     known = _known_artifacts(ctx.url)
     busy = live_children(ctx, trials)
@@ -122,7 +136,10 @@ def make_plan(ctx: Context, study: optuna.Study, keep_best: int) -> Plan:
             continue
         if sha and sha not in needed and sha in known and sha not in offered:
             offered.add(sha)
-            plan.removals += [Removal(p, size_of(p), f"artifact of trial {t.number} (not kept)", sha) for p in _artifact_files(ctx, sha)]
+            plan.removals += [
+                Removal(p, size_of(p), f"artifact of trial {t.number} (not kept)", sha)
+                for p in _artifact_files(ctx, sha)
+            ]
         folder = ctx.trials_dir / f"{t.number:05d}"
         if folder.is_dir():
             plan.removals.append(Removal(folder, size_of(folder), f"trial folder of trial {t.number} (not kept)"))
@@ -138,7 +155,11 @@ def collecting(ctx: Context) -> Iterator[str | None]:
     apply inside it, so the plan is the study's state while nothing else changes it.
     """
     with study_lock(ctx.url, ctx.spec.study), confirmation_lock(ctx.url, ctx.spec.study, wait=False) as confirming:
-        yield None if confirming is not None else f"a confirmation of study {ctx.spec.study!r} is measuring; collect after it"
+        yield (
+            None
+            if confirming is not None
+            else f"a confirmation of study {ctx.spec.study!r} is measuring; collect after it"
+        )
 
 
 def refusal(plan: Plan) -> str | None:
@@ -194,7 +215,11 @@ def _shas_of_other_studies(study: optuna.Study) -> set[str]:
     out: set[str] = set()
     for name in optuna.get_all_study_names(storage):
         if name != study.study_name:
-            out |= {sha for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False) if (sha := _sha(t))}
+            out |= {
+                sha
+                for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+                if (sha := _sha(t))
+            }
     return out
 
 

@@ -36,9 +36,13 @@ from tuner.study import racing
 from tuner.study.outcome import is_feasible
 from tuner.study.surrogate import Encoder, Observation, Surrogate
 
-WARM_START_ATTR = "warm_start"  # study user attribute: {"sources": [...], "observations": [...]} (tuner.study.warm_start)
+WARM_START_ATTR = (
+    "warm_start"  # study user attribute: {"sources": [...], "observations": [...]} (tuner.study.warm_start)
+)
 PENDING = (TrialState.RUNNING, TrialState.WAITING)
-REACH = 1  # candidates also one group move beyond the nearest ring with an untried route (measured: MiniLM-strict, 4 of 6
+REACH = (
+    1  # candidates also one group move beyond the nearest ring with an untried route (measured: MiniLM-strict, 4 of 6
+)
 # seeds built the best route within 60 trials, against 2 of 6 with the nearest ring alone)
 
 
@@ -55,11 +59,17 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return {p.name: CategoricalDistribution(list(p.choices)) for p in self.space.params if len(p.choices) > 1}
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         if not search_space:
             return {}
         trials = study.get_trials(deepcopy=False)
-        tried = {canonical_route(_route(t)) for t in trials if t.number != trial.number and (t.state.is_finished() or t.state in PENDING)}
+        tried = {
+            canonical_route(_route(t))
+            for t in trials
+            if t.number != trial.number and (t.state.is_finished() or t.state in PENDING)
+        }
         centre = self.centre(trials, study)
         candidates: list[Route] = []
         for radius in range(1, len(self.groups.groups) + 1):
@@ -69,7 +79,11 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         if not candidates:
             return {}  # every route was tried: the no-repeat step or the sampler's independent draws take over
         order = self.rank(candidates, trials, study)
-        taken = {canonical_route(_route(t)) for t in study.get_trials(deepcopy=False, states=PENDING) if t.number != trial.number}
+        taken = {
+            canonical_route(_route(t))
+            for t in study.get_trials(deepcopy=False, states=PENDING)
+            if t.number != trial.number
+        }
         pick = next((candidates[i] for i in order if canonical_route(candidates[i]) not in taken), candidates[order[0]])
         return {k: v for k, v in pick.items() if k in search_space}
 
@@ -88,7 +102,10 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         if not any(o.log_ratio is not None for o in observations):
             return list(np.argsort(noise))
         model = Surrogate(self.encoder, observations, int(self.rng.integers(2**31)))
-        best = min((o.log_ratio for o in observations if o.feasible and o.log_ratio is not None and o.weight >= 1.0), default=0.0)
+        best = min(
+            (o.log_ratio for o in observations if o.feasible and o.log_ratio is not None and o.weight >= 1.0),
+            default=0.0,
+        )
         return list(np.argsort(-(model.score(candidates, best) + noise)))
 
     def observations(self, trials: Sequence[FrozenTrial], study: optuna.Study) -> list[Observation]:
@@ -99,11 +116,16 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         out = [o for t in trials if (o := observation(t, raced, scale)) is not None]
         carried = (study.user_attrs.get(WARM_START_ATTR) or {}).get("observations") or []
         weight = carried_weight(len(out))
-        out += [Observation(dict(c["route"]), c.get("log_ratio"), bool(c["feasible"]), weight) for c in carried
-                if self.space.contains(c["route"])]
+        out += [
+            Observation(dict(c["route"]), c.get("log_ratio"), bool(c["feasible"]), weight)
+            for c in carried
+            if self.space.contains(c["route"])
+        ]
         return out
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         """A knob the relative proposal lacks: its default (the space's other knobs follow the proposal)."""
         default = self.space.param(param_name).default if param_name in self.space.names() else None
         choices = getattr(param_distribution, "choices", ())
@@ -113,8 +135,13 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         self.rng = np.random.default_rng()
 
 
-def observation(t: FrozenTrial, raced: Mapping[str, Mapping[str, Any]], scale: float | None, state: TrialState | None = None,
-                value: float | None = None) -> Observation | None:
+def observation(
+    t: FrozenTrial,
+    raced: Mapping[str, Mapping[str, Any]],
+    scale: float | None,
+    state: TrialState | None = None,
+    value: float | None = None,
+) -> Observation | None:
     """What a finished trial says: its log latency relative to `scale` (racing's refined value where it was
     re-measured; a slow trial's last running estimate) and whether it was feasible; None for FAIL and unfinished.
 

@@ -28,7 +28,11 @@ def _best_line(s: Summary) -> str:
     if s.best is None:
         return "**Best feasible trial:** none yet (no route has been timed within the accuracy tolerance)."
     acc = s.best.user_attrs.get("accuracy") or {}
-    accuracy = f"; {acc.get('metric')} {acc.get('value'):.3g} (tolerance {acc.get('tolerance'):g})" if isinstance(acc.get("value"), float) else ""
+    accuracy = (
+        f"; {acc.get('metric')} {acc.get('value'):.3g} (tolerance {acc.get('tolerance'):g})"
+        if isinstance(acc.get("value"), float)
+        else ""
+    )
     return f"**Best feasible trial: #{s.best.number}**, latency {_ms(s.best_ms)}{accuracy}."
 
 
@@ -36,15 +40,21 @@ def _study_line(s: Summary, head: Headline) -> str:
     if s.baseline is None:
         return "**Default route:** not finished yet."
     if head.study is None or head.trial is None:
-        return f"**Default route:** trial #{s.baseline.number} has no feasible measurement, so no speedup can be stated."
-    return (f"**As measured in the study:** trial #{head.trial.number} vs the default route (trial #{s.baseline.number}, "
-            f"{_ms(s.default_ms)}): {head.study.text()}.")
+        return (
+            f"**Default route:** trial #{s.baseline.number} has no feasible measurement, so no speedup can be stated."
+        )
+    return (
+        f"**As measured in the study:** trial #{head.trial.number} vs the default route (trial #{s.baseline.number}, "
+        f"{_ms(s.default_ms)}): {head.study.text()}."
+    )
 
 
 def _confirmation_line(confirmation: dict[str, Any] | None) -> str:
     if not confirmation:
-        return ("**Confirmation:** not yet. When the budget is spent, `tuner run` re-measures the top candidates against "
-                "the default in interleaved fresh processes and states an interval.")
+        return (
+            "**Confirmation:** not yet. When the budget is spent, `tuner run` re-measures the top candidates against "
+            "the default in interleaved fresh processes and states an interval."
+        )
     return f"**Confirmation:** {confirmation.get('message', confirmation.get('verdict'))}."
 
 

@@ -71,14 +71,22 @@ def trial_by_number(study: optuna.Study, number: int) -> FrozenTrial:
 def constraint_attrs(constraints: Mapping[str, float]) -> dict[str, Any]:
     """The system attributes of `constraints`: per key as `Trial.set_constraint` writes them, and the legacy
     `constraints` list (in the same order) that optuna-dashboard 0.21 reads."""
-    return {**{f"constraints:{k}": float(v) for k, v in constraints.items()}, "constraints": [float(v) for v in constraints.values()]}
+    return {
+        **{f"constraints:{k}": float(v) for k, v in constraints.items()},
+        "constraints": [float(v) for v in constraints.values()],
+    }
 
 
 UPSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
-def record_running_trial(study: optuna.Study, trial: optuna.Trial, user_attrs: Mapping[str, Any], constraints: Mapping[str, float],
-                         intermediate: Mapping[int, float]) -> None:
+def record_running_trial(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    user_attrs: Mapping[str, Any],
+    constraints: Mapping[str, float],
+    intermediate: Mapping[int, float],
+) -> None:
     """Write a running trial's user attributes, constraints and intermediate values in one transaction.
 
     On PostgreSQL and SQLite: the trial row locked and checked to be running, then one multi-row
@@ -103,21 +111,42 @@ def record_running_trial(study: optuna.Study, trial: optuna.Trial, user_attrs: M
         rdb.check_trial_is_updatable(tid, TrialState[state] if isinstance(state, str) else state)
         for model, rows in ((models.TrialUserAttributeModel, user_attrs), (models.TrialSystemAttributeModel, system)):
             if rows:
-                stmt = upsert(model.__table__).values([{"trial_id": tid, "key": k, "value_json": json.dumps(v)} for k, v in rows.items()])
-                conn.execute(stmt.on_conflict_do_update(index_elements=["trial_id", "key"], set_={"value_json": stmt.excluded.value_json}))
+                stmt = upsert(model.__table__).values(
+                    [{"trial_id": tid, "key": k, "value_json": json.dumps(v)} for k, v in rows.items()]
+                )
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=["trial_id", "key"], set_={"value_json": stmt.excluded.value_json}
+                    )
+                )
         if intermediate:
             table = models.TrialIntermediateValueModel
-            values = [dict(zip(("intermediate_value", "intermediate_value_type"), table.intermediate_value_to_stored_repr(v)),
-                           trial_id=tid, step=step) for step, v in intermediate.items()]
+            values = [
+                dict(
+                    zip(("intermediate_value", "intermediate_value_type"), table.intermediate_value_to_stored_repr(v)),
+                    trial_id=tid,
+                    step=step,
+                )
+                for step, v in intermediate.items()
+            ]
             stmt = upsert(table.__table__).values(values)
-            conn.execute(stmt.on_conflict_do_update(index_elements=["trial_id", "step"], set_={
-                "intermediate_value": stmt.excluded.intermediate_value, "intermediate_value_type": stmt.excluded.intermediate_value_type}))
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["trial_id", "step"],
+                    set_={
+                        "intermediate_value": stmt.excluded.intermediate_value,
+                        "intermediate_value_type": stmt.excluded.intermediate_value_type,
+                    },
+                )
+            )
 
 
 def count_by_state(url: str, study: int) -> dict[str, int]:
     """Trials of study id `study` per state name (COMPLETE, PRUNED, FAIL, RUNNING, WAITING), read fresh."""
     with get_engine(url).connect() as conn:
-        rows = conn.execute(text("SELECT state, COUNT(*) FROM trials WHERE study_id = :s GROUP BY state"), {"s": study}).all()
+        rows = conn.execute(
+            text("SELECT state, COUNT(*) FROM trials WHERE study_id = :s GROUP BY state"), {"s": study}
+        ).all()
     return {str(state).split(".")[-1].upper(): int(n) for state, n in rows}
 
 
@@ -127,8 +156,10 @@ def count_with_attr(url: str, study: int, state: str, key: str, values: Iterable
     if not wanted:
         return 0
     marks = ", ".join(f":v{i}" for i in range(len(wanted)))
-    sql = ("SELECT COUNT(*) FROM trials t JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
-           f"WHERE t.study_id = :s AND t.state = :state AND a.key = :key AND a.value_json IN ({marks})")
+    sql = (
+        "SELECT COUNT(*) FROM trials t JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
+        f"WHERE t.study_id = :s AND t.state = :state AND a.key = :key AND a.value_json IN ({marks})"
+    )
     params = {"s": study, "state": state, "key": key, **{f"v{i}": v for i, v in enumerate(wanted)}}
     with get_engine(url).connect() as conn:
         return int(conn.execute(text(sql), params).scalar() or 0)

@@ -77,9 +77,15 @@ def memory_violation(peak_mb: float | None, cap_mb: float) -> float:
     return 0.0 if peak_mb is None else (peak_mb - cap_mb) / cap_mb
 
 
-def judge(result: J.Result, tolerance: float, statistic: str, baseline_value: float | None = None,
-          max_memory_mb: float | None = None) -> Judgement:
+def judge(
+    result: J.Result,
+    tolerance: float,
+    statistic: str,
+    baseline_value: float | None = None,
+    max_memory_mb: float | None = None,
+) -> Judgement:
     """The state, objective value and constraints for a result (`memory` only with a memory cap)."""
+
     def constraints(acc: float, failure: float) -> tuple[float, ...]:
         if max_memory_mb is None:
             return acc, failure
@@ -87,11 +93,17 @@ def judge(result: J.Result, tolerance: float, statistic: str, baseline_value: fl
 
     if result.status in (J.OK, J.ACCURACY) and result.latency:
         timed = constraints(accuracy_violation(result.accuracy, tolerance), -1.0)
-        return Judgement(TrialState.COMPLETE, study_value(result, statistic, baseline_value), timed, all(v <= 0 for v in timed))
+        return Judgement(
+            TrialState.COMPLETE, study_value(result, statistic, baseline_value), timed, all(v <= 0 for v in timed)
+        )
     if result.status == J.SLOW:
-        return Judgement(TrialState.PRUNED, None, constraints(accuracy_violation(result.accuracy, tolerance), -1.0), False)
+        return Judgement(
+            TrialState.PRUNED, None, constraints(accuracy_violation(result.accuracy, tolerance), -1.0), False
+        )
     if result.status == J.GATE_FAILED:
-        return Judgement(TrialState.PRUNED, None, constraints(max(accuracy_violation(result.accuracy, tolerance), 1e-9), -1.0), False)
+        return Judgement(
+            TrialState.PRUNED, None, constraints(max(accuracy_violation(result.accuracy, tolerance), 1e-9), -1.0), False
+        )
     if result.status in UNCOUNTED:
         return Judgement(TrialState.FAIL, None, constraints(0.0, 1.0), False)
     return Judgement(TrialState.PRUNED, None, constraints(0.0, 1.0), False)
@@ -128,16 +140,52 @@ def user_attrs(result: J.Result, metric: str, tolerance: float, extra: dict[str,
 def paired_attrs(result: J.Result) -> dict[str, Any]:
     """The paired-timing attributes (names documented in `tuner.study.racing`)."""
     p = result.paired
-    timing = {k: p[k] for k in ("cycles", "seconds", "halfwidth", "drift", "repeated", "steady", "warmup", "attempts", "level_ms",
-                                "baseline_trial", "baseline_wait_s", "baseline_load_s") if k in p}
+    timing = {
+        k: p[k]
+        for k in (
+            "cycles",
+            "seconds",
+            "halfwidth",
+            "drift",
+            "repeated",
+            "steady",
+            "warmup",
+            "attempts",
+            "level_ms",
+            "baseline_trial",
+            "baseline_wait_s",
+            "baseline_load_s",
+        )
+        if k in p
+    }
     info = result.timing_info
-    timing.update({k: info[k] for k in ("exclusive", "device", "lock_wait_s", "loadavg_before", "loadavg_after", "clocks_before",
-                                         "clocks_after", "mode") if k in info})
+    timing.update(
+        {
+            k: info[k]
+            for k in (
+                "exclusive",
+                "device",
+                "lock_wait_s",
+                "loadavg_before",
+                "loadavg_after",
+                "clocks_before",
+                "clocks_after",
+                "mode",
+            )
+            if k in info
+        }
+    )
     timing.update({k: p[k] for k in ("contended_cycles", "contention") if k in p})
-    attrs: dict[str, Any] = {"paired": bool(p.get("paired")), "timing_stop": p.get("stop", ""), "timing": timing,
-                             "contended": bool(p.get("contended"))}
+    attrs: dict[str, Any] = {
+        "paired": bool(p.get("paired")),
+        "timing_stop": p.get("stop", ""),
+        "timing": timing,
+        "contended": bool(p.get("contended")),
+    }
     if p.get("paired"):
-        attrs.update(speedup_paired=p["speedup"], speedup_paired_ci=list(p["ci"]), speedup_paired_confidence=p.get("confidence"))
+        attrs.update(
+            speedup_paired=p["speedup"], speedup_paired_ci=list(p["ci"]), speedup_paired_confidence=p.get("confidence")
+        )
         if p.get("baseline_latency"):
             attrs["baseline_latency_ms"] = {k: round(float(v), 6) for k, v in p["baseline_latency"].items()}
     else:
@@ -179,8 +227,16 @@ def _finite(v: float | None) -> float | str | None:
     return float(v) if math.isfinite(v) else str(v)
 
 
-def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance: float, statistic: str, attrs: dict[str, Any],
-           baseline_value: float | None = None, max_memory_mb: float | None = None) -> Judgement:
+def record(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    result: J.Result,
+    tolerance: float,
+    statistic: str,
+    attrs: dict[str, Any],
+    baseline_value: float | None = None,
+    max_memory_mb: float | None = None,
+) -> Judgement:
     """Write attributes, constraints and intermediate values (one transaction), then tell Optuna how the trial ended.
 
     `baseline_value` is the baseline trial's value (the study-wide baseline latency), when known;
@@ -189,9 +245,13 @@ def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance
     j = judge(result, tolerance, statistic, baseline_value, max_memory_mb)
     measured = measured_ms(result, statistic)
     # "feasible": the dashboard shows no constraints
-    record_running_trial(study, trial, {**attrs, "feasible": j.feasible, **({"measured_ms": measured} if measured else {})},
-                         dict(zip(CONSTRAINT_KEYS, j.constraints)),
-                         intermediate_values(result, baseline_value))
+    record_running_trial(
+        study,
+        trial,
+        {**attrs, "feasible": j.feasible, **({"measured_ms": measured} if measured else {})},
+        dict(zip(CONSTRAINT_KEYS, j.constraints)),
+        intermediate_values(result, baseline_value),
+    )
     if j.state == TrialState.COMPLETE:
         study.tell(trial, j.value)
     else:
@@ -201,4 +261,8 @@ def record(study: optuna.Study, trial: optuna.Trial, result: J.Result, tolerance
 
 def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     """COMPLETE with every constraint <= 0."""
-    return trial.state == TrialState.COMPLETE and bool(trial.constraints) and all(v <= 0 for v in trial.constraints.values())
+    return (
+        trial.state == TrialState.COMPLETE
+        and bool(trial.constraints)
+        and all(v <= 0 for v in trial.constraints.values())
+    )

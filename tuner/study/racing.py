@@ -152,8 +152,13 @@ def refine(measurements: Sequence[Sequence[float]], confidence: float) -> Speedu
     return pooled_speedup(measurements, confidence)
 
 
-def after_remeasure(entry: Mapping[str, Any], measurements: Sequence[Sequence[float]], failure: str | None,
-                    baseline_value: float | None, contended: bool = False) -> dict[str, Any]:
+def after_remeasure(
+    entry: Mapping[str, Any],
+    measurements: Sequence[Sequence[float]],
+    failure: str | None,
+    baseline_value: float | None,
+    contended: bool = False,
+) -> dict[str, Any]:
     """The change to a trial's racing entry after one re-measurement (its claim released).
 
     `measurements` are the per-cycle log ratios of every uncontended paired measurement of the trial,
@@ -164,7 +169,9 @@ def after_remeasure(entry: Mapping[str, Any], measurements: Sequence[Sequence[fl
     if contended:
         change["contended"] = int(entry.get("contended", 0)) + 1
     elif failure is None:
-        change.update(refined_attrs(refine(measurements, CONFIDENCE), int(entry.get("remeasured", 0)) + 1, baseline_value))
+        change.update(
+            refined_attrs(refine(measurements, CONFIDENCE), int(entry.get("remeasured", 0)) + 1, baseline_value)
+        )
     else:
         change.update(remeasured=REMEASURE_MAX, race_failure=failure[:300])
     return change
@@ -173,8 +180,12 @@ def after_remeasure(entry: Mapping[str, Any], measurements: Sequence[Sequence[fl
 def refined_attrs(pooled: Speedup, remeasured: int, baseline_value: float | None) -> dict[str, Any]:
     """The racing attributes of a trial after a re-measurement."""
     s = Standing(-1, pooled.estimate, pooled.low, pooled.high, remeasured)
-    attrs: dict[str, Any] = {"speedup_refined": pooled.estimate, "speedup_refined_ci": [pooled.low, pooled.high],
-                             "remeasured": remeasured, "confirmed": is_confirmed(s)}
+    attrs: dict[str, Any] = {
+        "speedup_refined": pooled.estimate,
+        "speedup_refined_ci": [pooled.low, pooled.high],
+        "remeasured": remeasured,
+        "confirmed": is_confirmed(s),
+    }
     if baseline_value and math.isfinite(pooled.estimate) and pooled.estimate > 0:
         attrs["value_refined"] = baseline_value / pooled.estimate
     return attrs

@@ -56,9 +56,12 @@ def sampler_for(run: RunSpec, seed: int, space: SearchSpace | None = None) -> op
     if run.sampler == "gp":
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         return NoRepeatSampler(optuna.samplers.GPSampler(seed=seed, n_startup_trials=run.startup_trials), seed)
-    return NoRepeatSampler(optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=run.startup_trials, multivariate=True, group=True, constant_liar=True
-    ), seed)
+    return NoRepeatSampler(
+        optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=run.startup_trials, multivariate=True, group=True, constant_liar=True
+        ),
+        seed,
+    )
 
 
 ENUMERATE_UP_TO = 4096  # spaces up to this many routes are searched exhaustively for an untried route
@@ -82,12 +85,23 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
             return space  # an independent base (no relative space) keeps sampling on its own once it has history
         return _space_of_running(study, trial)
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         proposal = self.base.sample_relative(study, trial, search_space)
         if not proposal and search_space:  # the base's random start-up: a uniform draw, kept from repeating below
-            proposal = {n: d.choices[int(self.rng.integers(len(d.choices)))] for n, d in search_space.items() if hasattr(d, "choices")}  # type: ignore[attr-defined]
-        tried = [{k: v for k, v in t.params.items() if k in search_space} for t in study.get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)) if t.number != trial.number]
+            proposal = {
+                n: d.choices[int(self.rng.integers(len(d.choices)))]
+                for n, d in search_space.items()
+                if hasattr(d, "choices")
+            }  # type: ignore[attr-defined]
+        tried = [
+            {k: v for k, v in t.params.items() if k in search_space}
+            for t in study.get_trials(
+                deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+            )
+            if t.number != trial.number
+        ]
         if not proposal or not _repeats(proposal, tried):
             return proposal
         ring = [proposal]
@@ -100,7 +114,9 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
             ring = ring[:64]
         return self._farther(proposal, search_space, tried) or proposal
 
-    def _farther(self, proposal: dict[str, Any], space: Mapping[str, BaseDistribution], tried: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _farther(
+        self, proposal: dict[str, Any], space: Mapping[str, BaseDistribution], tried: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
         """An untried route nearest to `proposal` (fewest knobs changed) when none is within two knobs.
 
         Small spaces are enumerated, so a study never repeats a route while an untried one exists;
@@ -109,23 +125,32 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         names = [n for n in space if n in proposal and hasattr(space[n], "choices")]
         size = math.prod(len(space[n].choices) for n in names)  # type: ignore[attr-defined]
         if size <= ENUMERATE_UP_TO:
-            pool = [{**proposal, **dict(zip(names, combo))} for combo in itertools.product(*(space[n].choices for n in names))]  # type: ignore[attr-defined]
+            pool = [
+                {**proposal, **dict(zip(names, combo))}
+                for combo in itertools.product(*(space[n].choices for n in names))
+            ]  # type: ignore[attr-defined]
         else:
-            pool = [{**proposal, **{n: space[n].choices[int(self.rng.integers(len(space[n].choices)))] for n in names}}  # type: ignore[attr-defined]
-                    for _ in range(FAR_DRAWS)]
+            pool = [
+                {**proposal, **{n: space[n].choices[int(self.rng.integers(len(space[n].choices)))] for n in names}}  # type: ignore[attr-defined]
+                for _ in range(FAR_DRAWS)
+            ]
         fresh = [c for c in pool if not _repeats(c, tried)]
         if not fresh:
             return None
         self.rng.shuffle(fresh)  # type: ignore[arg-type]
         return min(fresh, key=lambda c: sum(c[n] != proposal[n] for n in names))
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         return self.base.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self.base.before_trial(study, trial)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         self.base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
@@ -138,8 +163,11 @@ def _space_of_running(study: optuna.Study, trial: FrozenTrial) -> dict[str, Base
     space: dict[str, BaseDistribution] | None = None
     for other in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if other.number != trial.number:
-            space = dict(other.distributions) if space is None else {
-                n: d for n, d in space.items() if other.distributions.get(n) == d}
+            space = (
+                dict(other.distributions)
+                if space is None
+                else {n: d for n, d in space.items() if other.distributions.get(n) == d}
+            )
     return {n: d for n, d in (space or {}).items() if not d.single()}
 
 
@@ -152,5 +180,10 @@ def _repeats(params: Mapping[str, Any], tried: list[dict[str, Any]]) -> bool:
 
 
 def _neighbours(params: Mapping[str, Any], space: Mapping[str, BaseDistribution]) -> list[dict[str, Any]]:
-    return [{**params, name: c} for name, d in space.items() if name in params
-            for c in getattr(d, "choices", ()) if c != params[name]]
+    return [
+        {**params, name: c}
+        for name, d in space.items()
+        if name in params
+        for c in getattr(d, "choices", ())
+        if c != params[name]
+    ]

@@ -96,8 +96,13 @@ class Context:
     @cached_property
     def reference_path(self) -> Path:
         """fp32 reference outputs, cached by (model, feeds), computed in a child process."""
-        return cached_reference(self.work_dir / "data", f"{self.model_sha[:16]}{self.data_sha[:16]}", self.spec.model.path,
-                                self.feeds_path, self.spec.run.trial_timeout_s)
+        return cached_reference(
+            self.work_dir / "data",
+            f"{self.model_sha[:16]}{self.data_sha[:16]}",
+            self.spec.model.path,
+            self.feeds_path,
+            self.spec.run.trial_timeout_s,
+        )
 
     @cached_property
     def trials_dir(self) -> Path:
@@ -106,7 +111,9 @@ class Context:
         with Session(get_engine(self.url)) as s:
             record = s.get(StudyRecord, self.spec.study)
         if record is None:
-            raise TunerError(f"study {self.spec.study!r} does not exist in {mask_url(self.url)}; start it with `tuner run`")
+            raise TunerError(
+                f"study {self.spec.study!r} does not exist in {mask_url(self.url)}; start it with `tuner run`"
+            )
         return self.work_dir / "trials" / record.uid[:12]
 
     def fingerprint(self) -> dict[str, Any]:
@@ -118,7 +125,9 @@ class Context:
         if not has_optuna_schema(self.url):
             raise TunerError(missing)
         try:
-            return optuna.load_study(study_name=self.spec.study, storage=open_storage(self.url, create_tables=False), sampler=sampler)
+            return optuna.load_study(
+                study_name=self.spec.study, storage=open_storage(self.url, create_tables=False), sampler=sampler
+            )
         except KeyError as exc:
             raise TunerError(missing) from exc
 
@@ -138,7 +147,9 @@ def claim_device(ctx: Context) -> None:
     with study_lock(ctx.url, ctx.spec.study), Session(get_engine(ctx.url)) as s, s.begin():
         record = s.get(StudyRecord, ctx.spec.study)
         if record is None:
-            raise TunerError(f"study {ctx.spec.study!r} does not exist in {mask_url(ctx.url)}; start it with `tuner run`")
+            raise TunerError(
+                f"study {ctx.spec.study!r} does not exist in {mask_url(ctx.url)}; start it with `tuner run`"
+            )
         problem = device_problem(record.fingerprint, device, ctx.spec.run.mix_devices)
         if problem:
             raise TunerError(f"study {ctx.spec.study!r}: {problem} in {ctx.spec.path.name}")
@@ -168,12 +179,23 @@ def prepare(ctx: Context) -> optuna.Study:
                         f"study {ctx.spec.study!r} in {mask_url(ctx.url)} was created from an incompatible study file: "
                         f"{'; '.join(diff)}. To start a new study instead, change [study] name in {ctx.spec.path.name}"
                     )
-                if completed(record.fingerprint, fingerprint) != record.fingerprint:  # an older route-tuner's: record what it lacked
+                if (
+                    completed(record.fingerprint, fingerprint) != record.fingerprint
+                ):  # an older route-tuner's: record what it lacked
                     record.fingerprint = completed(record.fingerprint, fingerprint)
             else:
-                s.add(StudyRecord(name=ctx.spec.study, uid=uuid.uuid4().hex, fingerprint=fingerprint,
-                                  spec_text=mask_credentials(ctx.spec.path.read_text(), ctx.url), created_at=time.time()))
-        study = optuna.create_study(study_name=ctx.spec.study, storage=storage, direction="minimize", load_if_exists=True)
+                s.add(
+                    StudyRecord(
+                        name=ctx.spec.study,
+                        uid=uuid.uuid4().hex,
+                        fingerprint=fingerprint,
+                        spec_text=mask_credentials(ctx.spec.path.read_text(), ctx.url),
+                        created_at=time.time(),
+                    )
+                )
+        study = optuna.create_study(
+            study_name=ctx.spec.study, storage=storage, direction="minimize", load_if_exists=True
+        )
         created = not study.user_attrs.get("tuner_version")
         identity = warm_start.identity(ctx.model_sha, ctx.backend.device())
         if created:
@@ -189,7 +211,9 @@ def prepare(ctx: Context) -> optuna.Study:
             for key, value in ctx.backend.study_attrs(ctx.model_info).items():
                 study.set_user_attr(key, value)
         enqueue_start(study, ctx.space, seeds, ctx.spec.run.budget)
-        if created and ctx.spec.run.warm_start == "auto":  # other models' winners, after the default and the recommended routes
+        if (
+            created and ctx.spec.run.warm_start == "auto"
+        ):  # other models' winners, after the default and the recommended routes
             warm_start.warm_start(study, storage, ctx.space, ctx.spec.backend.name, identity)
     return study
 
@@ -199,5 +223,5 @@ def enqueue_start(study: optuna.Study, space: SearchSpace, seeds: list[Route], b
     as many as the budget leaves room for (a seed never waits past the budget)."""
     study.enqueue_trial(space.default_route(), user_attrs={"source": "baseline"}, skip_if_exists=True)
     room = budget - len(study.get_trials(deepcopy=False))
-    for route in seeds[:max(0, room)]:
+    for route in seeds[: max(0, room)]:
         study.enqueue_trial(route, user_attrs={"source": "recommended"}, skip_if_exists=True)

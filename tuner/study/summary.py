@@ -57,15 +57,27 @@ class Summary:
     def status_json(self) -> dict:
         """The stable `tuner status --json` document (extra keys are additions, never renames)."""
         return {
-            "study": self.study, "budget": self.budget, "complete": self.complete, "pruned": self.pruned,
-            "failed": self.failed, "running": self.running, "waiting": self.waiting, "feasible": self.feasible,
-            "best_value": self.best_value, "baseline_value": self.baseline_value,
-            "infeasible": self.infeasible, "requeued": self.requeued, "cache_hits": self.cache_hits,
-            "speedup": self.speedup, "best_trial": self.best.number if self.best else None,
-            "elapsed_s": round(self.elapsed_s, 3), "failure_classes": self.failure_classes,
+            "study": self.study,
+            "budget": self.budget,
+            "complete": self.complete,
+            "pruned": self.pruned,
+            "failed": self.failed,
+            "running": self.running,
+            "waiting": self.waiting,
+            "feasible": self.feasible,
+            "best_value": self.best_value,
+            "baseline_value": self.baseline_value,
+            "infeasible": self.infeasible,
+            "requeued": self.requeued,
+            "cache_hits": self.cache_hits,
+            "speedup": self.speedup,
+            "best_trial": self.best.number if self.best else None,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "failure_classes": self.failure_classes,
             "repeated_failures": self.repeated_failures,
             "repeated_failures_share": round(self.repeated_failures / self.budget, 4) if self.budget else None,
-            "best_ms": self.best_ms, "default_ms": self.default_ms,
+            "best_ms": self.best_ms,
+            "default_ms": self.default_ms,
         }
 
 
@@ -112,15 +124,23 @@ def summarize_study(study: optuna.Study) -> Summary:
         end = datetime.now() if running or not ends else max(ends)
         elapsed = (end - min(starts)).total_seconds()
     return Summary(
-        study=study.study_name, budget=study.user_attrs.get("budget"), complete=len(complete), pruned=gate,
-        failed=failed, running=sum(1 for t in trials if t.state == TrialState.RUNNING),
-        waiting=sum(1 for t in trials if t.state == TrialState.WAITING), feasible=len(feasible),
+        study=study.study_name,
+        budget=study.user_attrs.get("budget"),
+        complete=len(complete),
+        pruned=gate,
+        failed=failed,
+        running=sum(1 for t in trials if t.state == TrialState.RUNNING),
+        waiting=sum(1 for t in trials if t.state == TrialState.WAITING),
+        feasible=len(feasible),
         infeasible=len(complete) - len(feasible) + gate - classes.get(J.SLOW, 0),  # slow routes are not infeasible
         requeued=sum(1 for t in trials if t.state == TrialState.FAIL and failure_class(t) in UNCOUNTED),
         cache_hits=sum(1 for t in trials if t.user_attrs.get("cache_hit")),
         best=min(feasible, key=lambda t: (t.value, t.number)) if feasible else None,
-        baseline=baselines[0] if baselines else None, elapsed_s=elapsed, failure_classes=classes,
-        repeated_failures=repeated_failures(trials), default_ms=default_measured(complete),
+        baseline=baselines[0] if baselines else None,
+        elapsed_s=elapsed,
+        failure_classes=classes,
+        repeated_failures=repeated_failures(trials),
+        default_ms=default_measured(complete),
     )
 
 

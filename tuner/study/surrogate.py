@@ -67,14 +67,23 @@ class Surrogate:
         timed = [o for o in observations if o.log_ratio is not None]
         self.latency = None
         if len(timed) >= 2:
-            self.latency = RandomForestRegressor(n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed)
-            self.latency.fit(encoder([o.route for o in timed]), [o.log_ratio for o in timed], sample_weight=[o.weight for o in timed])
+            self.latency = RandomForestRegressor(
+                n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
+            )
+            self.latency.fit(
+                encoder([o.route for o in timed]), [o.log_ratio for o in timed], sample_weight=[o.weight for o in timed]
+            )
         labels = {o.feasible for o in observations}
         self.feasibility = None
         if len(labels) == 2:
-            self.feasibility = RandomForestClassifier(n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed)
-            self.feasibility.fit(encoder([o.route for o in observations]), [o.feasible for o in observations],
-                                 sample_weight=[o.weight for o in observations])
+            self.feasibility = RandomForestClassifier(
+                n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
+            )
+            self.feasibility.fit(
+                encoder([o.route for o in observations]),
+                [o.feasible for o in observations],
+                sample_weight=[o.weight for o in observations],
+            )
         self.all_feasible = labels == {True}
 
     def predict(self, routes: Sequence[Mapping[str, Value]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

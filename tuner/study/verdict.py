@@ -71,10 +71,14 @@ class Headline:
     def to_json(self) -> dict[str, Any]:
         """The verdict keys of `tuner best --json` and `tuner status --json`."""
         return {
-            "verdict": self.verdict, "speedup": self.estimate.speedup if self.estimate else None,
-            "speedup_ci": self.estimate.ci if self.estimate else None, "study_speedup": self.study.speedup if self.study else None,
-            "study_speedup_ci": self.study.ci if self.study else None, "verdict_trial": self.trial.number if self.trial else None,
-            "export_trial": self.export_trial, "headline": self.sentence,
+            "verdict": self.verdict,
+            "speedup": self.estimate.speedup if self.estimate else None,
+            "speedup_ci": self.estimate.ci if self.estimate else None,
+            "study_speedup": self.study.speedup if self.study else None,
+            "study_speedup_ci": self.study.ci if self.study else None,
+            "verdict_trial": self.trial.number if self.trial else None,
+            "export_trial": self.export_trial,
+            "headline": self.sentence,
         }
 
 
@@ -83,7 +87,9 @@ def verdict_name(stored: str | None) -> str | None:
     return LEGACY.get(stored or "", stored)
 
 
-def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None, races: Races | None = None) -> Estimate | None:
+def study_estimate(
+    trial: FrozenTrial | None, baseline: FrozenTrial | None, races: Races | None = None
+) -> Estimate | None:
     """The study's own speedup estimate for `trial`: its paired standing (refined by racing), else the ratio of values."""
     if trial is None:
         return None
@@ -102,11 +108,14 @@ def study_estimate(trial: FrozenTrial | None, baseline: FrozenTrial | None, race
 def study_headline(study: optuna.Study) -> tuple[Summary, Headline]:
     """A fresh read of `study`: its summary and its headline."""
     summary = summarize_study(study)
-    return summary, decide(summary, study.user_attrs.get("confirmation"), study.get_trials(deepcopy=False), races(study))
+    return summary, decide(
+        summary, study.user_attrs.get("confirmation"), study.get_trials(deepcopy=False), races(study)
+    )
 
 
-def decide(summary: Summary, confirmation: Mapping[str, Any] | None, trials: Sequence[FrozenTrial],
-           races: Races | None = None) -> Headline:
+def decide(
+    summary: Summary, confirmation: Mapping[str, Any] | None, trials: Sequence[FrozenTrial], races: Races | None = None
+) -> Headline:
     """The headline of a study from its summary, its stored confirmation (if any), its trials and racing document."""
     by_number = {t.number: t for t in trials}
     baseline = summary.baseline
@@ -120,11 +129,26 @@ def decide(summary: Summary, confirmation: Mapping[str, Any] | None, trials: Seq
         export = trial.number if verdict == SPEEDUP else base_no
         sentence = _confirmed_sentence(verdict, trial.number, confirmed, conf) + _stale(summary, conf)
         return Headline(verdict, sentence, trial, confirmed, study_estimate(trial, baseline, races), export, base_no)
-    if conf and not conf.get("candidates") and baseline is not None and is_feasible(baseline) and _only_default(summary):
+    if (
+        conf
+        and not conf.get("candidates")
+        and baseline is not None
+        and is_feasible(baseline)
+        and _only_default(summary)
+    ):
         sentence = "Keep the default route: no other route was feasible within the accuracy tolerance."
-        return Headline(DEFAULT_IS_FASTEST, sentence, baseline, Estimate(1.0, 1.0, 1.0, paired=True),
-                        study_estimate(baseline, baseline, races), base_no, base_no)
-    best = best_confirmed(trials, races or {}) or summary.best  # racing's confirmed best, else the study's best feasible
+        return Headline(
+            DEFAULT_IS_FASTEST,
+            sentence,
+            baseline,
+            Estimate(1.0, 1.0, 1.0, paired=True),
+            study_estimate(baseline, baseline, races),
+            base_no,
+            base_no,
+        )
+    best = (
+        best_confirmed(trials, races or {}) or summary.best
+    )  # racing's confirmed best, else the study's best feasible
     study = study_estimate(best, baseline, races)
     return Headline(UNCONFIRMED, _unconfirmed_sentence(summary, best, study, conf), best, study, study, None, base_no)
 
@@ -140,35 +164,51 @@ def _only_default(summary: Summary) -> bool:
 def _interval(conf: Mapping[str, Any], est: Estimate) -> str:
     confidence = conf.get("confidence")
     level = f"{confidence:.0%} " if isinstance(confidence, float) else ""
-    return f"{level}CI {est.low:.2f}x-{est.high:.2f}x over {conf.get('rounds')} interleaved rounds" if est.ci else "no interval"
+    return (
+        f"{level}CI {est.low:.2f}x-{est.high:.2f}x over {conf.get('rounds')} interleaved rounds"
+        if est.ci
+        else "no interval"
+    )
 
 
 def _confirmed_sentence(verdict: str, trial: int, est: Estimate, conf: Mapping[str, Any]) -> str:
     interval = _interval(conf, est)
     if verdict == SPEEDUP:
-        return (f"Use trial {trial}: confirmed {est.speedup:.2f}x faster than the default route ({interval}); "
-                "`tuner best --export DIR` writes it.")
+        return (
+            f"Use trial {trial}: confirmed {est.speedup:.2f}x faster than the default route ({interval}); "
+            "`tuner best --export DIR` writes it."
+        )
     if verdict == NO_SIGNIFICANT:
-        return (f"Keep the default route: no route is significantly faster (best candidate, trial {trial}, "
-                f"{est.speedup:.2f}x, {interval}); `tuner best --export DIR` writes the default route.")
-    return (f"Keep the default route: it is the fastest (best candidate, trial {trial}, {est.speedup:.2f}x, {interval}); "
-            "`tuner best --export DIR` writes the default route.")
+        return (
+            f"Keep the default route: no route is significantly faster (best candidate, trial {trial}, "
+            f"{est.speedup:.2f}x, {interval}); `tuner best --export DIR` writes the default route."
+        )
+    return (
+        f"Keep the default route: it is the fastest (best candidate, trial {trial}, {est.speedup:.2f}x, {interval}); "
+        "`tuner best --export DIR` writes the default route."
+    )
 
 
 def _stale(summary: Summary, conf: Mapping[str, Any]) -> str:
     if summary.best is None or conf.get("study_best_trial") in (None, summary.best.number):
         return ""
-    return (f" Trial {summary.best.number}, found since, is not confirmed: run `tuner run` again to re-confirm.")
+    return f" Trial {summary.best.number}, found since, is not confirmed: run `tuner run` again to re-confirm."
 
 
-def _unconfirmed_sentence(summary: Summary, best: FrozenTrial | None, study: Estimate | None, conf: Mapping[str, Any]) -> str:
+def _unconfirmed_sentence(
+    summary: Summary, best: FrozenTrial | None, study: Estimate | None, conf: Mapping[str, Any]
+) -> str:
     if best is None:
         return "Nothing to act on yet: no route has been timed within the accuracy tolerance."
     why = f" ({conf['message']})" if conf.get("message") else ""
     if summary.baseline is not None and best.number == summary.baseline.number:
         return f"Not confirmed{why}: the default route (trial {best.number}) is the fastest feasible route the study found."
     if study is None:
-        return (f"Not confirmed: the default route has no feasible measurement, so no speedup can be stated{why}; "
-                f"the fastest feasible route is trial {best.number}.")
-    return (f"Not confirmed{why}: trial {best.number} measured {study.text()} against the default route in the study; "
-            "`tuner run` re-measures the top routes against the default when the budget is spent — act on that, not on this.")
+        return (
+            f"Not confirmed: the default route has no feasible measurement, so no speedup can be stated{why}; "
+            f"the fastest feasible route is trial {best.number}."
+        )
+    return (
+        f"Not confirmed{why}: trial {best.number} measured {study.text()} against the default route in the study; "
+        "`tuner run` re-measures the top routes against the default when the budget is spent — act on that, not on this."
+    )

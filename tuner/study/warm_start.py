@@ -48,7 +48,9 @@ def identity(model_sha: str, device: Mapping[str, Any]) -> dict[str, str]:
 def project(route: Mapping[str, Any], space: SearchSpace) -> Route:
     """`route` on `space`: its values where the space has the knob and allows the value, the default elsewhere."""
     allowed = {p.name: p.choices for p in space.params}
-    return space.complete({k: v for k, v in route.items() if k in allowed and any(type(v) is type(c) and v == c for c in allowed[k])})
+    return space.complete(
+        {k: v for k, v in route.items() if k in allowed and any(type(v) is type(c) and v == c for c in allowed[k])}
+    )
 
 
 def winner(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -61,13 +63,19 @@ def winner(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return racing.best_confirmed(trials, racing.races(study))
 
 
-def sources(storage: optuna.storages.BaseStorage, name: str, backend: str, attrs: Mapping[str, str]) -> list[optuna.Study]:
+def sources(
+    storage: optuna.storages.BaseStorage, name: str, backend: str, attrs: Mapping[str, str]
+) -> list[optuna.Study]:
     """The other studies in `storage` a new study `name` may start from: same backend and kind of device, another model."""
     out = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         a = summary.user_attrs
-        if (summary.study_name != name and a.get("backend") == backend and a.get(DEVICE_ATTR) == attrs[DEVICE_ATTR]
-                and a.get(MODEL_ATTR) not in (None, attrs[MODEL_ATTR])):
+        if (
+            summary.study_name != name
+            and a.get("backend") == backend
+            and a.get(DEVICE_ATTR) == attrs[DEVICE_ATTR]
+            and a.get(MODEL_ATTR) not in (None, attrs[MODEL_ATTR])
+        ):
             out.append(optuna.load_study(study_name=summary.study_name, storage=storage))
     return out
 
@@ -86,8 +94,13 @@ def observations(study: optuna.Study, space: SearchSpace) -> list[dict[str, Any]
     return out
 
 
-def warm_start(study: optuna.Study, storage: optuna.storages.BaseStorage, space: SearchSpace, backend: str,
-               attrs: Mapping[str, str]) -> dict[str, Any]:
+def warm_start(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    space: SearchSpace,
+    backend: str,
+    attrs: Mapping[str, str],
+) -> dict[str, Any]:
     """Enqueue the sources' projected winners (after what is already queued) and record the sources and their
     observations on `study`; the document recorded (no sources: nothing enqueued, an empty list recorded)."""
     found = sources(storage, study.study_name, backend, attrs)

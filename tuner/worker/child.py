@@ -22,21 +22,22 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuner import job as J
 from tuner.backends import get_backend
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo, Runner
 from tuner.errors import TrialFailure
 from tuner.files import atomic_write
 from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
+from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.memory import MemoryProbe
 from tuner.measure.reference import load_reference
-from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold
-from tuner import job as J
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.lifeline import die_with_parent
 from tuner.worker.timing import GPU_CLOCKS, time_trial
 
 DEADLINE_MARGIN_S = 5.0  # the worker kills at timeout_s; the child's own alarm is the backstop
+
 
 @dataclass
 class Trial:
@@ -56,14 +57,24 @@ class Trial:
     @classmethod
     def open(cls, job: J.Job, result_path: Path) -> Trial:
         """Read the job's feeds and reference outputs and set up the build context."""
-        return cls.start(job, result_path, get_backend(job.backend), read_feeds(Path(job.feeds_path)), load_reference(Path(job.reference_path)))
+        return cls.start(
+            job,
+            result_path,
+            get_backend(job.backend),
+            read_feeds(Path(job.feeds_path)),
+            load_reference(Path(job.reference_path)),
+        )
 
     @classmethod
-    def start(cls, job: J.Job, result_path: Path | None, backend: Backend, feeds: list[Feed], reference: list[Outputs]) -> Trial:
+    def start(
+        cls, job: J.Job, result_path: Path | None, backend: Backend, feeds: list[Feed], reference: list[Outputs]
+    ) -> Trial:
         """A trial of `job` on `backend` with the feeds and reference outputs given (already in memory)."""
         log: list[str] = []
         model = ModelInfo(Path(job.model_path), {k: tuple(v) for k, v in job.input_shapes.items()}, job.options)
-        ctx = BuildContext(model, Path(job.work_dir), Path(job.out_dir), feeds, time.monotonic() + job.timeout_s, log.append)
+        ctx = BuildContext(
+            model, Path(job.work_dir), Path(job.out_dir), feeds, time.monotonic() + job.timeout_s, log.append
+        )
         return cls(job, result_path, backend, feeds, reference, ctx, Tolerances(job.atol, job.rtol), log)
 
     def enter(self, name: str) -> None:
@@ -128,7 +139,7 @@ def accuracy_phase(t: Trial, runner: Runner, gate_out: list[Outputs]) -> None:
     """Full accuracy over every feed (the gate's outputs reused); sets the final status."""
     t.enter("accuracy")
     job, res = t.job, t.res
-    outputs = gate_out + [runner.infer(f) for f in t.feeds[job.gate_samples:]]
+    outputs = gate_out + [runner.infer(f) for f in t.feeds[job.gate_samples :]]
     per_output = compare(job.metric, outputs, t.reference, t.tol)
     res.accuracy, res.accuracy_per_output = worst(per_output), per_output
     res.status = J.OK if res.accuracy <= job.tolerance else J.ACCURACY
@@ -149,7 +160,11 @@ def run_trial(t: Trial, startup_hold: int | None = None) -> J.Result:
     job, res = t.job, t.res
     cores = DeviceLock(HOST)  # everything but the timing holds the host's cores shared: no timing runs meanwhile
     try:
-        with cores.shared(startup_hold) if job.build_holds_cores or startup_hold is not None else contextlib.nullcontext():
+        with (
+            cores.shared(startup_hold)
+            if job.build_holds_cores or startup_hold is not None
+            else contextlib.nullcontext()
+        ):
             artifact = build_phase(t)
         memory = MemoryProbe.start()
         with cores.shared():

@@ -61,9 +61,11 @@ ATTR = "confirmation"
 DEFAULT_ROUNDS = 8  # the cap on rounds (processes per candidate) unless --confirm-rounds says otherwise
 MIN_ROUNDS = 3  # processes per candidate before the verdict may be decided: their spread needs three to be seen
 CONTENDED_EXTRA = 4  # rounds run beyond the cap to replace contended processes
-METHOD = ("per candidate: fresh processes, each timing it paired with the default route in ABBA blocks of the {statistic} "
-          "latency; the processes' Hodges-Lehmann estimates pooled by random effects (DerSimonian-Laird); intervals at "
-          "{level:.4%}: Bonferroni over {k} candidate(s) and {looks} look(s), stopping once the verdict is decided")
+METHOD = (
+    "per candidate: fresh processes, each timing it paired with the default route in ABBA blocks of the {statistic} "
+    "latency; the processes' Hodges-Lehmann estimates pooled by random effects (DerSimonian-Laird); intervals at "
+    "{level:.4%}: Bonferroni over {k} candidate(s) and {looks} look(s), stopping once the verdict is decided"
+)
 NOTHING_TO_CONFIRM = "nothing-to-confirm"  # a confirmation outcome; the other verdicts are `tuner.study.verdict`'s
 
 
@@ -107,10 +109,15 @@ class RoundEvent:
         elif self.speedup is None:
             what = "no interval"
         else:
-            what = f"{self.speedup.estimate:.3f}x [{self.speedup.low:.3f}-{self.speedup.high:.3f}]" + (" contended, not counted" if self.contended else "")
+            what = f"{self.speedup.estimate:.3f}x [{self.speedup.low:.3f}-{self.speedup.high:.3f}]" + (
+                " contended, not counted" if self.contended else ""
+            )
         pooled = ", ".join(f"trial {n} {s.estimate:.3f}x [{s.low:.3f}-{s.high:.3f}]" for n, s in self.standings.items())
-        return (f"confirm round {self.round}/{self.cap}: trial {self.trial} {what}" + (f"; pooled: {pooled}" if pooled else "")
-                + (f"; decided: {self.decided}" if self.decided else ""))
+        return (
+            f"confirm round {self.round}/{self.cap}: trial {self.trial} {what}"
+            + (f"; pooled: {pooled}" if pooled else "")
+            + (f"; decided: {self.decided}" if self.decided else "")
+        )
 
 
 def looks(cap: int) -> int:
@@ -129,7 +136,9 @@ def decided(standings: Mapping[int, Speedup]) -> str:
         return ""
     leader, best = max(standings.items(), key=lambda item: item[1].estimate)
     if best.significant and all(best.low > s.high for n, s in standings.items() if n != leader):
-        return f"trial {leader} is faster than the default route" + (" and than every other candidate" if len(standings) > 1 else "")
+        return f"trial {leader} is faster than the default route" + (
+            " and than every other candidate" if len(standings) > 1 else ""
+        )
     if all(s.slower for s in standings.values()):
         return "every candidate is slower than the default route"
     return ""
@@ -154,22 +163,34 @@ def settings(ctx: Context, top_k: int, confidence: float, cap: int) -> dict[str,
     return {"top_k": top_k, "confidence": confidence, "cap": cap, "measure": measure_settings(ctx.spec)}
 
 
-def is_current(ctx: Context, study: optuna.Study, top_k: int = 3, confidence: float = 0.95, rounds: int | None = None) -> bool:
+def is_current(
+    ctx: Context, study: optuna.Study, top_k: int = 3, confidence: float = 0.95, rounds: int | None = None
+) -> bool:
     """Whether the stored confirmation is of the study as it is: the same default and candidates, the same settings."""
     doc = study.user_attrs.get(ATTR) or {}
     baseline = summarize_study(study).baseline
     if not doc or baseline is None or doc.get("baseline_trial") != baseline.number:
         return False
     candidates = pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if is_feasible(baseline) else []
-    return (doc.get("candidate_trials") == [t.number for t in candidates]
-            and doc.get("settings") == settings(ctx, top_k, confidence, DEFAULT_ROUNDS if rounds is None else rounds))
+    return doc.get("candidate_trials") == [t.number for t in candidates] and doc.get("settings") == settings(
+        ctx, top_k, confidence, DEFAULT_ROUNDS if rounds is None else rounds
+    )
 
 
-Measure = Callable[[FrozenTrial, int], J.Result]  # (candidate trial, round index) -> its paired result against the default
+Measure = Callable[
+    [FrozenTrial, int], J.Result
+]  # (candidate trial, round index) -> its paired result against the default
 
 
-def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k: int = 3, confidence: float = 0.95,
-            log: Callable[[str], None] = print, on_round: Callable[[RoundEvent], None] | None = None) -> dict[str, Any]:
+def confirm(
+    ctx: Context,
+    study: optuna.Study,
+    rounds: int | None = None,
+    top_k: int = 3,
+    confidence: float = 0.95,
+    log: Callable[[str], None] = print,
+    on_round: Callable[[RoundEvent], None] | None = None,
+) -> dict[str, Any]:
     """Re-measure until decided (at most `rounds` rounds, default DEFAULT_ROUNDS), judge, store the "confirmation" document, return it.
 
     Each process is a fresh child on the candidate's stored artifact, paired with the default's
@@ -180,8 +201,12 @@ def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k:
     """
     seen = (study.user_attrs.get(ATTR) or {}).get("id")
     with confirmation_lock(ctx.url, ctx.spec.study):
-        basis = {"finished": sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished()),
-                 "rounds": rounds, "top_k": top_k, "confidence": confidence}
+        basis = {
+            "finished": sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished()),
+            "rounds": rounds,
+            "top_k": top_k,
+            "confidence": confidence,
+        }
         current = study.user_attrs.get(ATTR) or {}
         if current.get("id") not in (None, seen) and current.get("basis") == basis:
             log("another run confirmed this study while this one waited for it; that confirmation stands")
@@ -189,17 +214,39 @@ def confirm(ctx: Context, study: optuna.Study, rounds: int | None = None, top_k:
         return _confirm(ctx, study, rounds, top_k, confidence, log, on_round, basis)
 
 
-def _confirm(ctx: Context, study: optuna.Study, rounds: int | None, top_k: int, confidence: float, log: Callable[[str], None],
-             on_round: Callable[[RoundEvent], None] | None, basis: dict[str, Any]) -> dict[str, Any]:
+def _confirm(
+    ctx: Context,
+    study: optuna.Study,
+    rounds: int | None,
+    top_k: int,
+    confidence: float,
+    log: Callable[[str], None],
+    on_round: Callable[[RoundEvent], None] | None,
+    basis: dict[str, Any],
+) -> dict[str, Any]:
     """Measure in fresh children, judge and store (under the confirmation lock); stamped by the database clock."""
     started = time.perf_counter()
     baseline = summarize_study(study).baseline
     with Session(ctx, baseline) if baseline is not None else contextlib.nullcontext() as session:
-        doc = judge_study(study, ctx.spec.objective.statistic, session.measure if session else _unmeasured, rounds, top_k, confidence,
-                          log, on_round, default_failure=session.default_failure if session else "")
+        doc = judge_study(
+            study,
+            ctx.spec.objective.statistic,
+            session.measure if session else _unmeasured,
+            rounds,
+            top_k,
+            confidence,
+            log,
+            on_round,
+            default_failure=session.default_failure if session else "",
+        )
     created = datetime.fromtimestamp(db_now(ctx.url), UTC).isoformat(timespec="seconds")  # one clock for every host
-    doc.update(settings=settings(ctx, top_k, confidence, DEFAULT_ROUNDS if rounds is None else rounds), basis=basis,
-               id=session.run_id if session else uuid.uuid4().hex[:12], created_at=created, seconds=round(time.perf_counter() - started, 2))
+    doc.update(
+        settings=settings(ctx, top_k, confidence, DEFAULT_ROUNDS if rounds is None else rounds),
+        basis=basis,
+        id=session.run_id if session else uuid.uuid4().hex[:12],
+        created_at=created,
+        seconds=round(time.perf_counter() - started, 2),
+    )
     return _store(study, doc)
 
 
@@ -207,9 +254,17 @@ def _unmeasured(trial: FrozenTrial, r: int) -> J.Result:
     raise AssertionError("nothing is measured without a default route")
 
 
-def judge_study(study: optuna.Study, statistic: str, measure: Measure, rounds: int | None = None, top_k: int = 3,
-                confidence: float = 0.95, log: Callable[[str], None] = print, on_round: Callable[[RoundEvent], None] | None = None,
-                default_failure: str = "") -> dict[str, Any]:
+def judge_study(
+    study: optuna.Study,
+    statistic: str,
+    measure: Measure,
+    rounds: int | None = None,
+    top_k: int = 3,
+    confidence: float = 0.95,
+    log: Callable[[str], None] = print,
+    on_round: Callable[[RoundEvent], None] | None = None,
+    default_failure: str = "",
+) -> dict[str, Any]:
     """The confirmation document of `study`: its candidates, measured by `measure(candidate, round)` (one process timing
     the candidate paired with the default) until decided, and the verdict (`confirm` runs children; the search
     benchmark replays them)."""
@@ -219,14 +274,29 @@ def judge_study(study: optuna.Study, statistic: str, measure: Measure, rounds: i
     summary = summarize_study(study)
     baseline = summary.baseline
     doc: dict[str, Any] = {
-        "confidence": confidence, "statistic": statistic, "study_best_trial": summary.best.number if summary.best else None,
-        "baseline_trial": baseline.number if baseline else None, "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "confidence": confidence,
+        "statistic": statistic,
+        "study_best_trial": summary.best.number if summary.best else None,
+        "baseline_trial": baseline.number if baseline else None,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    trials = pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if baseline and is_feasible(baseline) else []
+    trials = (
+        pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if baseline and is_feasible(baseline) else []
+    )
     doc["candidate_trials"] = [t.number for t in trials]
     if not trials:
-        why = "the default route has no feasible measurement" if not baseline or not is_feasible(baseline) else "no feasible route other than the default was found"
-        return {**doc, "verdict": NOTHING_TO_CONFIRM, "rounds": 0, "candidates": [], "message": f"nothing to confirm: {why}"}
+        why = (
+            "the default route has no feasible measurement"
+            if not baseline or not is_feasible(baseline)
+            else "no feasible route other than the default was found"
+        )
+        return {
+            **doc,
+            "verdict": NOTHING_TO_CONFIRM,
+            "rounds": 0,
+            "candidates": [],
+            "message": f"nothing to confirm: {why}",
+        }
     candidates = [Candidate(t) for t in trials]
     if default_failure:
         return {**doc, **_nothing(candidates, f"the default route failed: {default_failure}")}
@@ -235,15 +305,21 @@ def judge_study(study: optuna.Study, statistic: str, measure: Measure, rounds: i
     return {**doc, **judge(candidates, level, confidence, cap, stopped, statistic)}
 
 
-def run_rounds(candidates: list[Candidate], measure: Measure, cap: int, level: float, statistic: str,
-               report: Callable[[RoundEvent], None]) -> str:
+def run_rounds(
+    candidates: list[Candidate],
+    measure: Measure,
+    cap: int,
+    level: float,
+    statistic: str,
+    report: Callable[[RoundEvent], None],
+) -> str:
     """Rounds of one process per candidate until `decided` (each with MIN_ROUNDS) or the cap: "decided" or "cap"
     ("busy" when MIN_ROUNDS rounds gave no uncontended process at all)."""
     for r in range(cap + CONTENDED_EXTRA):
         live = [c for c in candidates if not c.failure and len(c.log_ratios) < cap]
         if not live:
             break
-        order = live[r % len(live):] + live[:r % len(live)]
+        order = live[r % len(live) :] + live[: r % len(live)]
         for c in order:
             own, contended = _add(c, measure(c.trial, r), statistic)
             standings = {k.trial.number: s for k in candidates if not k.failure and (s := k.pooled(level)) is not None}
@@ -265,7 +341,9 @@ def _add(c: Candidate, res: J.Result, statistic: str) -> tuple[Speedup | None, b
         return None, False
     c.loads.append(dict(p.get("contention") or {}))
     low, high = p["ci"]
-    own = Speedup(float(p["speedup"]), float(low), float(high), float(p.get("confidence", 0.95)), int(p.get("cycles", 0)))
+    own = Speedup(
+        float(p["speedup"]), float(low), float(high), float(p.get("confidence", 0.95)), int(p.get("cycles", 0))
+    )
     if p.get("contended"):
         c.contended += 1
         return own, True
@@ -275,13 +353,20 @@ def _add(c: Candidate, res: J.Result, statistic: str) -> tuple[Speedup | None, b
     return own, False
 
 
-def judge(candidates: list[Candidate], level: float, confidence: float, cap: int, stopped: str, statistic: str) -> dict[str, Any]:
+def judge(
+    candidates: list[Candidate], level: float, confidence: float, cap: int, stopped: str, statistic: str
+) -> dict[str, Any]:
     """The verdict and the per-candidate pooled intervals (at `level`, see `interval_level`)."""
     rows: list[dict[str, Any]] = []
     judged: list[tuple[Candidate, Speedup]] = []
     for c in candidates:
-        row: dict[str, Any] = {"trial": c.trial.number, "route": dict(c.trial.params), "study_value": c.trial.value,
-                               "processes": len(c.log_ratios), "contended": c.contended}
+        row: dict[str, Any] = {
+            "trial": c.trial.number,
+            "route": dict(c.trial.params),
+            "study_value": c.trial.value,
+            "processes": len(c.log_ratios),
+            "contended": c.contended,
+        }
         s = None if c.failure else c.pooled(level)
         if s is None:
             row["failure"] = c.failure or "no uncontended measurement"
@@ -290,48 +375,83 @@ def judge(candidates: list[Candidate], level: float, confidence: float, cap: int
             judged.append((c, s))
         rows.append(row)
     rounds = max((len(c.log_ratios) for c in candidates), default=0)
-    base = {"rounds": rounds, "cap": cap, "stopped": stopped, "candidates": rows, "interval_level": level,
-            "method": METHOD.format(statistic=statistic, level=level, k=len(candidates), looks=looks(cap)),
-            "default_median_ms": _median([v for c in candidates for v in c.default_ms])}
+    base = {
+        "rounds": rounds,
+        "cap": cap,
+        "stopped": stopped,
+        "candidates": rows,
+        "interval_level": level,
+        "method": METHOD.format(statistic=statistic, level=level, k=len(candidates), looks=looks(cap)),
+        "default_median_ms": _median([v for c in candidates for v in c.default_ms]),
+    }
     base["contention"] = contention(candidates)
     if not judged:
         busy = not any(c.failure for c in candidates)  # every process was contended
-        why = (f"the host was busy throughout: all {base['contention']['processes']} processes were contended by other work"
-               if busy else "every candidate failed")
+        why = (
+            f"the host was busy throughout: all {base['contention']['processes']} processes were contended by other work"
+            if busy
+            else "every candidate failed"
+        )
         return {**base, **_nothing(candidates, why)}
     wins = [(c, s) for c, s in judged if s.significant]
     entry, s = max(wins or judged, key=lambda cs: cs[1].estimate)
     interval = f"{confidence:.0%} CI {s.low:.3f}x-{s.high:.3f}x over {len(entry.log_ratios)} paired processes"
     if wins:
-        verdict, message = SPEEDUP, f"trial {entry.trial.number} is {s.estimate:.3f}x faster than the default route ({interval})"
+        verdict, message = (
+            SPEEDUP,
+            f"trial {entry.trial.number} is {s.estimate:.3f}x faster than the default route ({interval})",
+        )
     elif all(s.slower for _, s in judged):
-        verdict, message = DEFAULT_IS_FASTEST, f"the default route is already the fastest: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval})"
+        verdict, message = (
+            DEFAULT_IS_FASTEST,
+            f"the default route is already the fastest: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval})",
+        )
     else:
-        verdict, message = NO_SIGNIFICANT, f"no significant speedup over the default route: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval} includes 1.0)"
+        verdict, message = (
+            NO_SIGNIFICANT,
+            f"no significant speedup over the default route: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval} includes 1.0)",
+        )
     if base["contention"].get("contended_processes"):
         c = base["contention"]
         took = f" (other work took {c['others_cores']:.2f} cores on average)" if "others_cores" in c else ""
         message += f"; the host was busy: {c['contended_processes']} of {c['processes']} processes contended{took}, not counted"
-    return {**base, "verdict": verdict, "message": message, "trial": entry.trial.number, "winner_trial": entry.trial.number if wins else None,
-            "speedup": s.estimate, "ci": [s.low, s.high], "interval_confidence": s.confidence}
+    return {
+        **base,
+        "verdict": verdict,
+        "message": message,
+        "trial": entry.trial.number,
+        "winner_trial": entry.trial.number if wins else None,
+        "speedup": s.estimate,
+        "ci": [s.low, s.high],
+        "interval_confidence": s.confidence,
+    }
 
 
 def contention(candidates: list[Candidate]) -> dict[str, Any]:
     """How busy the host was during the confirmation: contended processes, and what other work took of the cores."""
     loads = [x for c in candidates for x in c.loads if x.get("measured")]
-    out: dict[str, Any] = {"processes": sum(len(c.loads) for c in candidates), "contended_processes": sum(c.contended for c in candidates)}
+    out: dict[str, Any] = {
+        "processes": sum(len(c.loads) for c in candidates),
+        "contended_processes": sum(c.contended for c in candidates),
+    }
     if loads:
         shares = [x["study_share"] for x in loads if x.get("study_share") is not None]
-        out.update(others_cores=round(statistics.mean(x["others_cores"] for x in loads), 4),
-                   others_cores_max=round(max(x["others_cores_max"] for x in loads), 4),
-                   study_share=round(statistics.mean(shares), 4) if shares else None)
+        out.update(
+            others_cores=round(statistics.mean(x["others_cores"] for x in loads), 4),
+            others_cores_max=round(max(x["others_cores_max"] for x in loads), 4),
+            study_share=round(statistics.mean(shares), 4) if shares else None,
+        )
     return out
 
 
 def _nothing(candidates: list[Candidate], why: str) -> dict[str, Any]:
     rows = [{"trial": c.trial.number, "route": dict(c.trial.params), "failure": c.failure or why} for c in candidates]
-    return {"verdict": NOTHING_TO_CONFIRM, "message": f"nothing to confirm: on re-measurement {why}", "candidates": rows,
-            "rounds": max((len(c.log_ratios) for c in candidates), default=0)}
+    return {
+        "verdict": NOTHING_TO_CONFIRM,
+        "message": f"nothing to confirm: on re-measurement {why}",
+        "candidates": rows,
+        "rounds": max((len(c.log_ratios) for c in candidates), default=0),
+    }
 
 
 def _median(values: list[float]) -> float | None:
@@ -368,7 +488,12 @@ class Session:
         if res.status != J.OK or not res.artifact_path:
             self.default_failure = f"{res.status}: {res.message}"[:300]
             return
-        self.engine = {"trial": self.default.number, "path": res.artifact_path, "sha256": res.artifact_sha256, "route": dict(self.default.params)}
+        self.engine = {
+            "trial": self.default.number,
+            "path": res.artifact_path,
+            "sha256": res.artifact_sha256,
+            "route": dict(self.default.params),
+        }
 
     def _run(self, trial: FrozenTrial, trial_dir: Path, **pairing: Any) -> J.Result:
         """Run the route of `trial` once in a fresh child, on its stored artifact where that is still here."""
@@ -376,16 +501,30 @@ class Session:
         record = self.store.artifact(sha) if sha else None
         job = make_job(self.ctx, dict(trial.params), trial_dir / "out", **pairing)
         job.backend = WRAPPER
-        return run_isolated(job, trial_dir, self.handle, reuse_env(self.ctx.spec.backend.name, Path(record.path) if record else None, sha))
+        return run_isolated(
+            job,
+            trial_dir,
+            self.handle,
+            reuse_env(self.ctx.spec.backend.name, Path(record.path) if record else None, sha),
+        )
 
     def measure(self, candidate: FrozenTrial, r: int) -> J.Result:
         """One process timing `candidate` paired with the default; both engines' samples kept as "confirm" measurements."""
         res = self._run(candidate, self.run_dir / f"r{r:02d}-{candidate.number:05d}", baseline=self.engine)
         if res.status == J.OK and res.latency and res.paired.get("paired"):
             key, study, stats = f"confirm-{self.run_id}", self.ctx.spec.study, {"round": r, "paired": _pairing(res)}
-            self.store.add_measurement(study, candidate.number, key, "confirm", {**res.latency, **stats}, res.samples_ms, res.timing_info)
-            self.store.add_measurement(study, self.default.number, key, "confirm", {**res.paired.get("baseline_latency", {}), **stats,
-                                       "paired_with": candidate.number}, res.baseline_samples_ms, res.timing_info)
+            self.store.add_measurement(
+                study, candidate.number, key, "confirm", {**res.latency, **stats}, res.samples_ms, res.timing_info
+            )
+            self.store.add_measurement(
+                study,
+                self.default.number,
+                key,
+                "confirm",
+                {**res.paired.get("baseline_latency", {}), **stats, "paired_with": candidate.number},
+                res.baseline_samples_ms,
+                res.timing_info,
+            )
         return res
 
 

@@ -13,8 +13,21 @@ from tuner.errors import first_line
 
 # errno values that describe the machine, not the route: space, memory, a busy device, descriptors, a read-only or
 # failing disk (EIO), permissions of the work dir or a cache (EACCES), a network file system gone stale or slow.
-ENV_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EBUSY, errno.EMFILE, errno.ENFILE, errno.EROFS,
-                        errno.EIO, errno.EACCES, errno.ESTALE, errno.ETIMEDOUT})
+ENV_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.ENOMEM,
+        errno.EBUSY,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.EROFS,
+        errno.EIO,
+        errno.EACCES,
+        errno.ESTALE,
+        errno.ETIMEDOUT,
+    }
+)
 
 # What native libraries (CUDA, TensorRT, ONNX Runtime, PyTorch) say when memory or the device is taken.
 ENV_MESSAGE = re.compile(
@@ -37,7 +50,9 @@ def environment_fault(exc: BaseException) -> str | None:
         if isinstance(current, MemoryError):
             return f"MemoryError: out of memory {str(current)[:200]}".strip()
         if isinstance(current, OSError) and current.errno in ENV_ERRNOS:
-            return f"{type(current).__name__} {errno.errorcode.get(current.errno or 0, '?')}: {current.strerror or current}"[:300]
+            return f"{type(current).__name__} {errno.errorcode.get(current.errno or 0, '?')}: {current.strerror or current}"[
+                :300
+            ]
         if ENV_MESSAGE.search(str(current)):
             return f"{type(current).__name__}: {first_line(current)}"[:300]
         current = current.__cause__ or current.__context__

@@ -106,8 +106,14 @@ class ForkServer:
         self.preload, self.env = tuple(preload), dict(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen(command(["--serve", str(theirs.fileno()), *self.preload]), pass_fds=(theirs.fileno(),),
-                                         env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                command(["--serve", str(theirs.fileno()), *self.preload]),
+                pass_fds=(theirs.fileno(),),
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             theirs.close()
         self.control = ours
@@ -173,8 +179,14 @@ def server_for(preload: Sequence[str], env: Mapping[str, str]) -> ForkServer:
         return server
 
 
-def start_child(argv: Sequence[str], env: Mapping[str, str], log_fd: int, keep_fd: int | None, preload: Sequence[str] | None,
-                server_env: Mapping[str, str]) -> Child:
+def start_child(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_fd: int,
+    keep_fd: int | None,
+    preload: Sequence[str] | None,
+    server_env: Mapping[str, str],
+) -> Child:
     """Start a trial child: forked from the pre-imported server when `preload` is given, else a fresh interpreter.
 
     `env` is the child's environment (with `STARTUP_HOLD_ENV` naming `keep_fd` where one is handed down),
@@ -189,11 +201,19 @@ def start_child(argv: Sequence[str], env: Mapping[str, str], log_fd: int, keep_f
             log.warning("%s; this trial's child is a fresh interpreter", exc)
             with _SERVERS_LOCK:
                 _SERVERS.pop(tuple(preload), None)
-    return subprocess.Popen(command(argv), stdout=log_fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                            pass_fds=(keep_fd,) if keep_fd is not None else (), env=dict(env))
+    return subprocess.Popen(
+        command(argv),
+        stdout=log_fd,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        pass_fds=(keep_fd,) if keep_fd is not None else (),
+        env=dict(env),
+    )
 
 
 # -- the server's side ------------------------------------------------------------------------------
+
 
 def serve(control_fd: int, preload: Sequence[str]) -> int:
     """The server's loop: import `preload`, then fork a child per request and report how each ended."""
@@ -290,7 +310,9 @@ def _become_child(request: dict[str, Any], log_fd: int, keep_fd: int | None, ann
         if keep_fd is not None:
             os.environ[STARTUP_HOLD_ENV] = str(keep_fd)
         _reseed()
-        rc = importlib.import_module(CHILD_MODULE).main(list(request["argv"]))  # by name: the child module starts this server
+        rc = importlib.import_module(CHILD_MODULE).main(
+            list(request["argv"])
+        )  # by name: the child module starts this server
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int | None):

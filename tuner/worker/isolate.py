@@ -23,6 +23,7 @@ from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.forkserver import Child, start_child
 from tuner.worker.lifeline import PARENT_ENV
 
+
 class ChildHandle:
     """The running child, so a signal handler can kill it (and its process group).
 
@@ -55,7 +56,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env_without_credentials(os.environ), **(extra or {}), PARENT_ENV: str(os.getpid())}
 
 
-def run_isolated(job: J.Job, trial_dir: Path, handle: ChildHandle | None = None, env: dict[str, str] | None = None) -> J.Result:
+def run_isolated(
+    job: J.Job, trial_dir: Path, handle: ChildHandle | None = None, env: dict[str, str] | None = None
+) -> J.Result:
     """Run `job` in a child (`python -m tuner.worker.child`, or forked from its server) and return its result, whatever happened to it."""
     job_path, result_path, log_path = trial_dir / "job.json", trial_dir / "result.json", trial_dir / "child.log"
     handle = handle or ChildHandle()
@@ -73,8 +76,14 @@ def run_isolated(job: J.Job, trial_dir: Path, handle: ChildHandle | None = None,
         with DeviceLock(HOST).shared() if job.build_holds_cores else contextlib.nullcontext() as hold:
             kept = hold.fd if hold is not None and hold.held else None
             handed = {STARTUP_HOLD_ENV: str(kept)} if kept is not None else {}
-            handle.proc = proc = start_child([str(job_path), str(result_path)], child_env({**(env or {}), **handed}), log.fileno(), kept,
-                                             job.preload, child_env())
+            handle.proc = proc = start_child(
+                [str(job_path), str(result_path)],
+                child_env({**(env or {}), **handed}),
+                log.fileno(),
+                kept,
+                job.preload,
+                child_env(),
+            )
         if handle.killed:  # a stop arrived while the child was being started
             _killpg(proc.pid)
         timed_out = False
@@ -93,7 +102,10 @@ def classify(rc: int, timed_out: bool, stopped: bool, timeout_s: float, res: J.R
     if timed_out:
         res.status, res.message = J.TIMEOUT, f"no result after {timeout_s:g} s (during {during}); child killed"
     elif rc == -signal.SIGKILL and not stopped:
-        res.status, res.message = J.ENVIRONMENT_ERROR, f"child killed by SIGKILL during {during} (out of memory, or from outside)"
+        res.status, res.message = (
+            J.ENVIRONMENT_ERROR,
+            f"child killed by SIGKILL during {during} (out of memory, or from outside)",
+        )
     elif rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
         res.status, res.message = J.CRASH_SIGNAL, f"child died of {name} during {during}"

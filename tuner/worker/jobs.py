@@ -19,13 +19,28 @@ from tuner.study.setup import Context
 def measurement_stats(result: J.Result) -> dict[str, Any]:
     """What a kept measurement records of its pairing: the ratio, its interval, the per-cycle log ratios."""
     p = result.paired
-    return {"paired": {k: p[k] for k in ("paired", "speedup", "ci", "stop", "cycles", "log_ratios", "baseline_latency") if k in p}} if p else {}
+    return (
+        {
+            "paired": {
+                k: p[k]
+                for k in ("paired", "speedup", "ci", "stop", "cycles", "log_ratios", "baseline_latency")
+                if k in p
+            }
+        }
+        if p
+        else {}
+    )
 
 
 def measure_settings(spec: Spec) -> dict[str, Any]:
     """What a trial's stored result depends on besides the model, data, backend and route (part of its cache key)."""
-    return {"metric": spec.accuracy.metric, "atol": spec.accuracy.atol, "rtol": spec.accuracy.rtol,
-            "gate": spec.data.gate_samples, "timing": cache_part(spec.objective)}
+    return {
+        "metric": spec.accuracy.metric,
+        "atol": spec.accuracy.atol,
+        "rtol": spec.accuracy.rtol,
+        "gate": spec.data.gate_samples,
+        "timing": cache_part(spec.objective),
+    }
 
 
 def preload(backend: Backend, route: dict[str, Any]) -> list[str] | None:
@@ -41,11 +56,23 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
     """
     spec = ctx.spec
     return J.Job(
-        backend=spec.backend.name, route=route, model_path=str(spec.model.path),
-        input_shapes={k: list(v) for k, v in spec.model.inputs.items()}, options=spec.backend.options,
-        work_dir=str(ctx.work_dir), out_dir=str(out_dir), feeds_path=str(ctx.feeds_path),
-        reference_path=str(ctx.reference_path), metric=spec.accuracy.metric, tolerance=spec.accuracy.tolerance,
-        atol=spec.accuracy.atol, rtol=spec.accuracy.rtol, gate_samples=spec.data.gate_samples,
-        timeout_s=spec.run.trial_timeout_s, objective=spec.objective,
-        build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options), preload=preload(ctx.backend, route), **pairing,
+        backend=spec.backend.name,
+        route=route,
+        model_path=str(spec.model.path),
+        input_shapes={k: list(v) for k, v in spec.model.inputs.items()},
+        options=spec.backend.options,
+        work_dir=str(ctx.work_dir),
+        out_dir=str(out_dir),
+        feeds_path=str(ctx.feeds_path),
+        reference_path=str(ctx.reference_path),
+        metric=spec.accuracy.metric,
+        tolerance=spec.accuracy.tolerance,
+        atol=spec.accuracy.atol,
+        rtol=spec.accuracy.rtol,
+        gate_samples=spec.data.gate_samples,
+        timeout_s=spec.run.trial_timeout_s,
+        objective=spec.objective,
+        build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options),
+        preload=preload(ctx.backend, route),
+        **pairing,
     )

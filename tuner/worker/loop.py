@@ -16,8 +16,8 @@ import shutil
 import signal
 import threading
 import time
-from contextlib import ExitStack
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,9 +25,10 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import TrialState
 
-from tuner.store.cache import ResultStore, cache_key
+from tuner import job as J
 from tuner.measure.exclusive import HOST, DeviceLock
 from tuner.measure.inputs import file_hash
+from tuner.store.cache import ResultStore, cache_key
 from tuner.store.db import OUTAGE, STOP, db_retry, is_db_fault, study_lock
 from tuner.store.leases import Leases, Owner
 from tuner.study import optuna_adapter as oa
@@ -36,7 +37,6 @@ from tuner.study.budget import count_trials
 from tuner.study.note import update_note
 from tuner.study.sampler import make_sampler
 from tuner.study.setup import Context
-from tuner import job as J
 from tuner.worker.environment import environment_fault
 from tuner.worker.isolate import ChildHandle, run_isolated
 from tuner.worker.jobs import make_job, measure_settings, measurement_stats
@@ -61,6 +61,7 @@ class Stop:
 
     def install(self) -> None:
         """Convert SIGTERM and SIGINT into a clean stop that kills the running child."""
+
         def handler(signum: int, frame: Any) -> None:  # takes no lock: it may interrupt the main thread anywhere
             self.event.set()
             self.child.kill()
@@ -72,7 +73,14 @@ class Stop:
 class Worker:
     """The ask/evaluate/tell loop of one worker process."""
 
-    def __init__(self, ctx: Context, budget: int, index: int = 0, stop: Stop | None = None, child_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        budget: int,
+        index: int = 0,
+        stop: Stop | None = None,
+        child_env: dict[str, str] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.spec = ctx.spec
         self.budget = budget
@@ -85,7 +93,9 @@ class Worker:
         self.study_id = oa.study_id(self.study)
         self.leases = Leases(ctx.url, self.spec.study)
         self.results = ResultStore(ctx.url)
-        self.environment = self._environment()  # recorded with each trial: where it was measured (an export's README says)
+        self.environment = (
+            self._environment()
+        )  # recorded with each trial: where it was measured (an export's README says)
         self.env_id = self.results.record_environment(self.environment)
         self.gate = BaselineGate(ctx.work_dir)
         self.holding_gate = ExitStack()  # the baseline gate, while this worker evaluates the baseline trial
@@ -138,7 +148,11 @@ class Worker:
     def _hand_back(self, trial: optuna.Trial) -> None:
         """A reserved trial that will not run: interrupted (not counted), its route re-queued."""
         try:
-            self._db(lambda: self._tell(trial, J.Result(status=J.INTERRUPTED, message="stopped before it ran; re-queued"), {}))
+            self._db(
+                lambda: self._tell(
+                    trial, J.Result(status=J.INTERRUPTED, message="stopped before it ran; re-queued"), {}
+                )
+            )
             self._db(lambda: self.leases.release(oa.trial_id(trial)))
         finally:
             self.holding_gate.close()
@@ -212,8 +226,19 @@ class Worker:
         extra.update(trial_wall_s=round(wall, 4), overhead_s=round(wall - sum(result.phase_s.values()), 4))
         try:
             self._db(lambda: self._on_cores(lambda: self._tell(trial, result, extra)))
-            if result.status == J.OK and result.artifact_path and trial.user_attrs.get("source") == racing.BASELINE_SOURCE:
-                self.gate.publish({"trial": trial.number, "path": result.artifact_path, "sha256": result.artifact_sha256, "route": route})
+            if (
+                result.status == J.OK
+                and result.artifact_path
+                and trial.user_attrs.get("source") == racing.BASELINE_SOURCE
+            ):
+                self.gate.publish(
+                    {
+                        "trial": trial.number,
+                        "path": result.artifact_path,
+                        "sha256": result.artifact_sha256,
+                        "route": route,
+                    }
+                )
         finally:
             self.holding_gate.close()
         self._db(lambda: self.leases.release(oa.trial_id(trial)))
@@ -234,23 +259,42 @@ class Worker:
         self.env_streak += 1
         pause = min(PAUSE_CAP_S, ENV_BACKOFF_S * 2 ** (ENV_ATTEMPTS + self.env_streak - 2))
         if self.env_streak == 1:
-            log.warning("worker %s paused: %s (%d runs in a row); the trial is re-queued, nothing is cached; "
-                        "retrying every <= %g s until the machine recovers", self.name, result.message, ENV_ATTEMPTS, PAUSE_CAP_S)
+            log.warning(
+                "worker %s paused: %s (%d runs in a row); the trial is re-queued, nothing is cached; "
+                "retrying every <= %g s until the machine recovers",
+                self.name,
+                result.message,
+                ENV_ATTEMPTS,
+                PAUSE_CAP_S,
+            )
         self.stop.event.wait(pause)
 
     def _tell(self, trial: optuna.Trial, result: J.Result, extra: dict[str, Any]) -> None:
         frozen = oa.storage_of(self.study).get_trial(oa.trial_id(trial))
         if frozen.state.is_finished():
             return  # an earlier attempt was committed before the connection dropped
-        attrs = outcome.user_attrs(result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name})
+        attrs = outcome.user_attrs(
+            result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name}
+        )
         base = racing.baseline_trial(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-        outcome.record(self.study, trial, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs,
-                       base.value if base is not None else None, self.spec.objective.max_memory_mb)
+        outcome.record(
+            self.study,
+            trial,
+            result,
+            self.spec.accuracy.tolerance,
+            self.spec.objective.statistic,
+            attrs,
+            base.value if base is not None else None,
+            self.spec.objective.max_memory_mb,
+        )
         update_note(self.study)  # never raises: the dashboard's study note states the best feasible trial
         env_requeues = int(frozen.user_attrs.get("env_requeues", 0)) + 1 if result.status == J.ENVIRONMENT_ERROR else 0
         if env_requeues > ENV_REQUEUES:
-            log.warning("trial %d: its route met environment errors in %d trials; given up (not re-queued, not counted)",
-                        frozen.number, env_requeues)
+            log.warning(
+                "trial %d: its route met environment errors in %d trials; given up (not re-queued, not counted)",
+                frozen.number,
+                env_requeues,
+            )
         elif result.status in (J.INTERRUPTED, J.ENVIRONMENT_ERROR):
             with study_lock(self.ctx.url, self.spec.study):
                 self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"), env_requeues)
@@ -271,9 +315,15 @@ class Worker:
         """The result for `route`: known-invalid, from the cache, or built and measured in a child."""
         spec = self.spec
         key = cache_key(
-            model_sha=self.ctx.model_sha, shapes={k: list(v) for k, v in spec.model.inputs.items()}, data_sha=self.ctx.data_sha,
-            backend=self.ctx.backend.name, backend_version=self.ctx.backend.version(), environment_id=self.env_id,
-            route=route, options=spec.backend.options, measure=measure_settings(spec),
+            model_sha=self.ctx.model_sha,
+            shapes={k: list(v) for k, v in spec.model.inputs.items()},
+            data_sha=self.ctx.data_sha,
+            backend=self.ctx.backend.name,
+            backend_version=self.ctx.backend.version(),
+            environment_id=self.env_id,
+            route=route,
+            options=spec.backend.options,
+            measure=measure_settings(spec),
         )
         extra: dict[str, Any] = {"cache_key": key[:16], "cache_hit": False, "environment": self.environment}
         reason = self.ctx.space.check(route)
@@ -296,11 +346,15 @@ class Worker:
         return result, extra
 
     def _learned_failure(self, route: dict[str, Any]) -> tuple[str, str] | None:
-        return self.ctx.backend.learned_failure(route, self.ctx.model_info, self.ctx.work_dir, self.ctx.model_sha, self.ctx.data_sha)
+        return self.ctx.backend.learned_failure(
+            route, self.ctx.model_info, self.ctx.work_dir, self.ctx.model_sha, self.ctx.data_sha
+        )
 
     def _reusable(self, cached: Any) -> bool:
         # A gate failure stopped before timing: reuse it only if it still fails this tolerance.
-        return cached.status != J.GATE_FAILED or (cached.accuracy is not None and cached.accuracy > self.spec.accuracy.tolerance)
+        return cached.status != J.GATE_FAILED or (
+            cached.accuracy is not None and cached.accuracy > self.spec.accuracy.tolerance
+        )
 
     def _run_child(self, number: int, route: dict[str, Any]) -> J.Result:
         """Build and measure in a fresh child; an environment error is retried (ENV_ATTEMPTS runs in all)."""
@@ -314,7 +368,7 @@ class Worker:
                 break
             log.warning("trial %d: %s; running it again (%d/%d)", number, result.message, attempt + 2, ENV_ATTEMPTS)
             shutil.rmtree(trial_dir / "out", ignore_errors=True)
-            self.stop.event.wait(ENV_BACKOFF_S * 2 ** attempt)
+            self.stop.event.wait(ENV_BACKOFF_S * 2**attempt)
         self._db(lambda: self._upload_log(number, trial_dir))
         shutil.rmtree(trial_dir / "out", ignore_errors=True)
         return result
@@ -328,8 +382,11 @@ class Worker:
         base = racing.baseline_trial(trials)
         # racing = false: no re-measuring and no early stop as `slow` (every route measured in full, as a landscape needs)
         raced = racing.races(self.study)
-        pairing: dict[str, Any] = ({"incumbent": racing.incumbent(trials, raced), "incumbent_high": racing.incumbent_high(trials, raced)}
-                                   if self.spec.run.racing else {})
+        pairing: dict[str, Any] = (
+            {"incumbent": racing.incumbent(trials, raced), "incumbent_high": racing.incumbent_high(trials, raced)}
+            if self.spec.run.racing
+            else {}
+        )
         if base is not None:
             pairing["baseline"] = self.racer.baseline_engine(base)
         elif racing.baseline_pending(trials):
@@ -366,7 +423,11 @@ class Worker:
             result.status, result.message = J.ENVIRONMENT_ERROR, f"could not keep the artifact: {fault}"
             return
         result.artifact_path = str(dest)
-        self._db(lambda: self.results.add_artifact(str(result.artifact_sha256), str(dest), int(result.artifact_bytes or 0), self.ctx.backend.name))
+        self._db(
+            lambda: self.results.add_artifact(
+                str(result.artifact_sha256), str(dest), int(result.artifact_bytes or 0), self.ctx.backend.name
+            )
+        )
 
     def _upload_log(self, number: int, trial_dir: Path) -> None:
         """Bulky per-trial logs go to Optuna's artifact store, not into trial attributes."""
@@ -379,8 +440,12 @@ class Worker:
             try:
                 store_dir = self.ctx.work_dir / "optuna-artifacts"
                 store_dir.mkdir(parents=True, exist_ok=True)
-                upload_artifact(artifact_store=FileSystemArtifactStore(str(store_dir)), file_path=str(log_path),
-                                study_or_trial=frozen, storage=storage)
+                upload_artifact(
+                    artifact_store=FileSystemArtifactStore(str(store_dir)),
+                    file_path=str(log_path),
+                    study_or_trial=frozen,
+                    storage=storage,
+                )
             except Exception as exc:  # logs are a convenience; never fail a trial over them
                 if is_db_fault(exc):
                     raise  # retried by the caller once the database is back
@@ -389,13 +454,29 @@ class Worker:
     def _store(self, key: str, number: int, route: dict[str, Any], result: J.Result) -> None:
         value = result.latency.get(self.spec.objective.statistic) if result.latency else None
         self.results.save(
-            key, backend=self.ctx.backend.name, backend_version=self.ctx.backend.version(), environment_id=self.env_id,
-            route=route, status=result.status, value=value, accuracy=_finite_or_none(result.accuracy),
-            result=_json_safe(result), artifact_sha256=result.artifact_sha256, study=self.spec.study, trial_number=number,
+            key,
+            backend=self.ctx.backend.name,
+            backend_version=self.ctx.backend.version(),
+            environment_id=self.env_id,
+            route=route,
+            status=result.status,
+            value=value,
+            accuracy=_finite_or_none(result.accuracy),
+            result=_json_safe(result),
+            artifact_sha256=result.artifact_sha256,
+            study=self.spec.study,
+            trial_number=number,
         )
         if result.samples_ms:
-            self.results.add_measurement(self.spec.study, number, key, "trial", {**(result.latency or {}), **measurement_stats(result)},
-                                         result.samples_ms, result.timing_info)
+            self.results.add_measurement(
+                self.spec.study,
+                number,
+                key,
+                "trial",
+                {**(result.latency or {}), **measurement_stats(result)},
+                result.samples_ms,
+                result.timing_info,
+            )
 
 
 def _route_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:

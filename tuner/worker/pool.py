@@ -36,8 +36,18 @@ class Pool:
                 env["CUDA_VISIBLE_DEVICES"] = self.gpus[i]
             env[PARENT_ENV] = str(os.getpid())
             read_fd, write_fd = os.pipe()
-            cmd = [sys.executable, "-m", "tuner.worker.main", str(self.spec_path), "--storage-fd", str(read_fd),
-                   "--budget", str(self.budget), "--index", str(i)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "tuner.worker.main",
+                str(self.spec_path),
+                "--storage-fd",
+                str(read_fd),
+                "--budget",
+                str(self.budget),
+                "--index",
+                str(i),
+            ]
             try:
                 self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, pass_fds=(read_fd,)))
                 with os.fdopen(write_fd, "w") as pipe:

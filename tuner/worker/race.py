@@ -108,7 +108,12 @@ class Racer:
         job = make_job(self.ctx, dict(trial.params), run_dir / "out", baseline=engine)
         job.backend = WRAPPER
         try:
-            return run_isolated(job, run_dir, self.handle, reuse_env(self.ctx.spec.backend.name, Path(record.path) if record else None, sha))
+            return run_isolated(
+                job,
+                run_dir,
+                self.handle,
+                reuse_env(self.ctx.spec.backend.name, Path(record.path) if record else None, sha),
+            )
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -120,13 +125,27 @@ class Racer:
         for attempt in db_retry():
             with attempt:
                 if ok and result is not None:
-                    self.results.add_measurement(self.ctx.spec.study, number, f"race-{self.name}", KIND,
-                                                 {**(result.latency or {}), **measurement_stats(result)}, result.samples_ms, result.timing_info)
-                cycles = [list(p.get("log_ratios", [])) for m in self.results.measurements(self.ctx.spec.study)
-                          if m.trial_number == number and m.kind in ("trial", KIND) and not (p := m.stats.get("paired") or {}).get("contended")]
+                    self.results.add_measurement(
+                        self.ctx.spec.study,
+                        number,
+                        f"race-{self.name}",
+                        KIND,
+                        {**(result.latency or {}), **measurement_stats(result)},
+                        result.samples_ms,
+                        result.timing_info,
+                    )
+                cycles = [
+                    list(p.get("log_ratios", []))
+                    for m in self.results.measurements(self.ctx.spec.study)
+                    if m.trial_number == number
+                    and m.kind in ("trial", KIND)
+                    and not (p := m.stats.get("paired") or {}).get("contended")
+                ]
                 with study_lock(self.ctx.url, self.ctx.spec.study):
                     failure = None if timed else f"{result.status}: {result.message}" if result else "not run"
-                    change = racing.after_remeasure(self._update(number, None), cycles, failure, baseline_value, contended)
+                    change = racing.after_remeasure(
+                        self._update(number, None), cycles, failure, baseline_value, contended
+                    )
                     self._update(number, change)
         if ok:
             log.info("trial %d re-measured: %s", number, change)

@@ -42,10 +42,10 @@ from tuner import job as J
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, Runner
 from tuner.files import atomic_write
 from tuner.measure.contention import Probe
-from tuner.objective import CPU, GPU
 from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
 from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
 from tuner.measure.timing import summarize
+from tuner.objective import CPU, GPU
 
 GPU_CLOCKS = ("cuda-event", "cuda-events")
 MIN_BLOCK_CALLS = 3  # a block's median of at least 3 calls: one disturbed call does not move it
@@ -81,9 +81,18 @@ class BaselineGate:
 def policy_for(job: J.Job, gpu: bool) -> PairedPolicy:
     """The job's paired-timing policy, unset settings at the device's defaults (`tuner.objective`)."""
     o = job.objective.resolved(GPU if gpu else CPU)
-    return PairedPolicy(statistic=o.statistic, mode=o.mode, target=o.target_halfwidth, min_duration_s=float(o.min_duration_s or 0.0),
-                        min_calls=o.min_repeats, cap_s=float(o.timing_cap_s or 0.0), block_s=float(o.block_s or 0.0),
-                        warmup_min_s=o.warmup_s, min_block_calls=1 if o.mode == PIPELINED else MIN_BLOCK_CALLS, contention=o.contention)
+    return PairedPolicy(
+        statistic=o.statistic,
+        mode=o.mode,
+        target=o.target_halfwidth,
+        min_duration_s=float(o.min_duration_s or 0.0),
+        min_calls=o.min_repeats,
+        cap_s=float(o.timing_cap_s or 0.0),
+        block_s=float(o.block_s or 0.0),
+        warmup_min_s=o.warmup_s,
+        min_block_calls=1 if o.mode == PIPELINED else MIN_BLOCK_CALLS,
+        contention=o.contention,
+    )
 
 
 def block_fn(runner: Runner, feed: Feed, mode: str) -> BlockFn:
@@ -110,8 +119,11 @@ def _baseline(job: J.Job, backend: Backend, ctx: BuildContext, stack: ExitStack,
         base = BaselineGate(Path(job.baseline_gate)).wait()
         info["baseline_wait_s"] = round(time.perf_counter() - t0, 4)
     if base is None or not Path(str(base.get("path"))).is_file():
-        info["unpaired"] = ("the baseline trial has no stored artifact on this host" if job.baseline or job.baseline_gate
-                            else "no baseline engine to pair with (timed alone)")
+        info["unpaired"] = (
+            "the baseline trial has no stored artifact on this host"
+            if job.baseline or job.baseline_gate
+            else "no baseline engine to pair with (timed alone)"
+        )
         return None
     t0 = time.perf_counter()
     try:
@@ -136,20 +148,42 @@ def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, 
         baseline_fn = block_fn(baseline, feed, job.objective.mode) if baseline is not None else None
         before = machine_state()
         with DeviceLock(device_key(gpu)).exclusive() as hold:
-            probe = None if gpu or runner.timing_info().get("replayed") else Probe()  # a replayed runner's clock is virtual
-            result = measure_paired(candidate_fn, baseline_fn, policy, incumbent=job.incumbent, clocks=clocks, clock=runner.clock,
-                                    incumbent_high=job.incumbent_high, probe=probe)
+            probe = (
+                None if gpu or runner.timing_info().get("replayed") else Probe()
+            )  # a replayed runner's clock is virtual
+            result = measure_paired(
+                candidate_fn,
+                baseline_fn,
+                policy,
+                incumbent=job.incumbent,
+                clocks=clocks,
+                clock=runner.clock,
+                incumbent_high=job.incumbent_high,
+                probe=probe,
+            )
         after = machine_state()
         res.timing_info = runner.timing_info()
     res.samples_ms = result.candidate_samples
     res.latency = summarize(result.candidate_samples).to_dict()
-    res.timing_info.update(hold.to_dict(), loadavg_before=before["loadavg"], loadavg_after=after["loadavg"], mode=job.objective.mode,
-                           **({"clocks_before": result.clocks[0], "clocks_after": result.clocks[-1]} if result.clocks else {}))
-    res.paired = {**result.summary(), **info, "log_ratios": [round(d, 6) for d in result.log_ratios], "running": result.running}
+    res.timing_info.update(
+        hold.to_dict(),
+        loadavg_before=before["loadavg"],
+        loadavg_after=after["loadavg"],
+        mode=job.objective.mode,
+        **({"clocks_before": result.clocks[0], "clocks_after": result.clocks[-1]} if result.clocks else {}),
+    )
+    res.paired = {
+        **result.summary(),
+        **info,
+        "log_ratios": [round(d, 6) for d in result.log_ratios],
+        "running": result.running,
+    }
     if baseline_fn is not None:
         res.baseline_samples_ms = result.baseline_samples
         res.paired["baseline_latency"] = summarize(result.baseline_samples).to_dict()
     if result.stop == SLOW and result.speedup is not None:
         res.status = J.SLOW
-        res.message = (f"slower than the incumbent ({job.incumbent:.3f}x): paired speedup {result.speedup.estimate:.3f}x "
-                       f"[{result.speedup.low:.3f}-{result.speedup.high:.3f}] after {result.cycles} cycles")
+        res.message = (
+            f"slower than the incumbent ({job.incumbent:.3f}x): paired speedup {result.speedup.estimate:.3f}x "
+            f"[{result.speedup.low:.3f}-{result.speedup.high:.3f}] after {result.cycles} cycles"
+        )

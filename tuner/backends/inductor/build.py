@@ -45,23 +45,34 @@ def build(route: Route, ctx: BuildContext) -> Artifact:
     t0 = time.perf_counter()
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     engine, codes, timings = compile_engine(route, ctx.model, ctx.calibration[0], ctx.work_dir)
-    manifest = {"route": dict(route), "options": engine.options, "device": engine.device_name,
-                "graphs": len(codes), "code_sha256": code_digest(codes)}
-    ctx.log(f"inductor: source in {timings['source_s']:.2f} s, compiled and warmed up in {timings['compile_s']:.2f} s, "
-            f"{len(codes)} graph(s), cache hits {timings['cache_hits']}")
+    manifest = {
+        "route": dict(route),
+        "options": engine.options,
+        "device": engine.device_name,
+        "graphs": len(codes),
+        "code_sha256": code_digest(codes),
+    }
+    ctx.log(
+        f"inductor: source in {timings['source_s']:.2f} s, compiled and warmed up in {timings['compile_s']:.2f} s, "
+        f"{len(codes)} graph(s), cache hits {timings['cache_hits']}"
+    )
     path = ctx.out_dir / ARTIFACT
     pack(codes, manifest, path)
     return Artifact(path, time.perf_counter() - t0, {**manifest, **timings}, handle=engine)
 
 
-def rebuild(artifact_path: Path, route: Route, model: ModelInfo, feed: Feed, work_dir: Path, log: Callable[[str], None]) -> Engine:
+def rebuild(
+    artifact_path: Path, route: Route, model: ModelInfo, feed: Feed, work_dir: Path, log: Callable[[str], None]
+) -> Engine:
     """An engine for a stored artifact: recompile its route (from the shared cache) and compare the code."""
     engine, codes, _ = compile_engine(route, model, feed, work_dir)
     with tarfile.open(artifact_path) as tar:
         member = tar.extractfile("manifest.json")
         stored = json.loads(member.read()) if member else {}
     if stored.get("code_sha256") != code_digest(codes):
-        log("inductor: the route recompiled to different code than the stored artifact (e.g. autotuning chose other kernels)")
+        log(
+            "inductor: the route recompiled to different code than the stored artifact (e.g. autotuning chose other kernels)"
+        )
     return engine
 
 
@@ -72,7 +83,9 @@ def cache_dir(work_dir: Path) -> Path:
     return path
 
 
-def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -> tuple[Engine, list[str], dict[str, Any]]:
+def compile_engine(
+    route: Route, model: ModelInfo, feed: Feed, work_dir: Path
+) -> tuple[Engine, list[str], dict[str, Any]]:
     """The compiled, warmed-up engine for `route`, the output code of its graphs, and timings."""
     import torch
     from torch._dynamo.utils import counters
@@ -99,8 +112,11 @@ def compile_engine(route: Route, model: ModelInfo, feed: Feed, work_dir: Path) -
         raise BuildError(f"torch.compile: {type(exc).__name__}: {first_line(exc)[:400]}") from exc
     if not codes:
         raise BuildError("Inductor generated no code for this model (it ran eagerly)")
-    timings = {"source_s": round(source_s, 4), "compile_s": round(time.perf_counter() - t1, 4),
-               "cache_hits": _cache_hits(counters) - hits}
+    timings = {
+        "source_s": round(source_s, 4),
+        "compile_s": round(time.perf_counter() - t1, 4),
+        "cache_hits": _cache_hits(counters) - hits,
+    }
     return engine, codes, timings
 
 
@@ -131,10 +147,14 @@ def load_source(model: ModelInfo, feed: Feed) -> tuple[Any, list[str]]:
     try:
         from onnx2torch import convert
     except ImportError as exc:
-        raise BuildError(f"onnx2torch is not installed ({exc}); pip install 'route-tuner[inductor]' or set backend.options.module") from exc
+        raise BuildError(
+            f"onnx2torch is not installed ({exc}); pip install 'route-tuner[inductor]' or set backend.options.module"
+        ) from exc
     try:
         module = convert(str(model.path)).eval()
-    except Exception as exc:  # onnx2torch signals unsupported ops with several exception types (NotImplementedError, KeyError)
+    except (
+        Exception
+    ) as exc:  # onnx2torch signals unsupported ops with several exception types (NotImplementedError, KeyError)
         raise BuildError(f"onnx2torch: {type(exc).__name__}: {first_line(exc)[:400]}") from exc
     return static_shapes(module, [feed[name] for name in model.input_shapes]), output_names
 
@@ -154,7 +174,9 @@ def static_shapes(module: Any, example: list[Any]) -> Any:
     from torch.fx import Interpreter
 
     kinds = (OnnxReshape, OnnxPadDynamic)
-    targets = {n for n in module.graph.nodes if n.op == "call_module" and isinstance(module.get_submodule(n.target), kinds)}
+    targets = {
+        n for n in module.graph.nodes if n.op == "call_module" and isinstance(module.get_submodule(n.target), kinds)
+    }
     seen: dict[Any, tuple[tuple[Any, ...], Any]] = {}
 
     class Recorder(Interpreter):
@@ -175,8 +197,12 @@ def static_shapes(module: Any, example: list[Any]) -> Any:
             module.graph.erase_node(n)
         else:
             value = float(args[2]) if len(args) > 2 and args[2] is not None else 0.0
-            module.add_submodule(n.target, OnnxPadStatic.create_from_onnx_params(
-                onnx_pads=args[1].tolist(), onnx_mode=ONNX_PAD_MODES[sub.mode], constant_value=value))
+            module.add_submodule(
+                n.target,
+                OnnxPadStatic.create_from_onnx_params(
+                    onnx_pads=args[1].tolist(), onnx_mode=ONNX_PAD_MODES[sub.mode], constant_value=value
+                ),
+            )
             n.args = (n.args[0],)
     module.graph.eliminate_dead_code()
     module.delete_all_unused_submodules()
@@ -200,7 +226,9 @@ def _from_function(target: str, model: ModelInfo) -> Any:
     examples = examples if isinstance(examples, tuple | list) else (examples,)
     shapes = [tuple(t.shape) for t in examples]
     if shapes != [tuple(s) for s in model.input_shapes.values()]:
-        raise BuildError(f"{target}: example inputs have shapes {shapes}; the study's inputs are {list(model.input_shapes.values())}")
+        raise BuildError(
+            f"{target}: example inputs have shapes {shapes}; the study's inputs are {list(model.input_shapes.values())}"
+        )
     return module.eval()
 
 
@@ -233,4 +261,3 @@ def pack(codes: list[str], manifest: dict[str, Any], out: Path) -> None:
 def _cache_hits(counters: Any) -> int:
     """Graphs served from Inductor's caches so far: AOTAutograd-cache hits plus FX-graph-cache hits."""
     return int(counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"])
-

@@ -28,7 +28,15 @@ class Engine:
     options: dict[str, Any]
 
     @classmethod
-    def create(cls, module: Any, route: Route, device: str, input_names: list[str], output_names: list[str], options: dict[str, Any]) -> Engine:
+    def create(
+        cls,
+        module: Any,
+        route: Route,
+        device: str,
+        input_names: list[str],
+        output_names: list[str],
+        options: dict[str, Any],
+    ) -> Engine:
         """Move `module` to the device, precision and layout of `route` and wrap it in torch.compile."""
         import torch
 
@@ -38,7 +46,16 @@ class Engine:
         if channels_last:
             module = module.to(memory_format=torch.channels_last)
         compiled = torch.compile(module, options=options)
-        return cls(compiled, torch.device(device), dtype, route["precision"] == "tf32", channels_last, input_names, output_names, options)
+        return cls(
+            compiled,
+            torch.device(device),
+            dtype,
+            route["precision"] == "tf32",
+            channels_last,
+            input_names,
+            output_names,
+            options,
+        )
 
     @property
     def device_name(self) -> str:
@@ -85,12 +102,21 @@ class Engine:
         if isinstance(result, torch.Tensor):
             tensors = [result]
         elif isinstance(result, dict):
-            tensors = [result[n] for n in self.output_names] if set(self.output_names) <= set(result) else list(result.values())
+            tensors = (
+                [result[n] for n in self.output_names]
+                if set(self.output_names) <= set(result)
+                else list(result.values())
+            )
         else:
             tensors = list(result)
         if len(tensors) != len(self.output_names):
-            raise RuntimeError(f"the module returned {len(tensors)} outputs; the ONNX model has {len(self.output_names)}")
-        return {n: (t.float() if t.is_floating_point() else t).detach().cpu().numpy() for n, t in zip(self.output_names, tensors)}
+            raise RuntimeError(
+                f"the module returned {len(tensors)} outputs; the ONNX model has {len(self.output_names)}"
+            )
+        return {
+            n: (t.float() if t.is_floating_point() else t).detach().cpu().numpy()
+            for n, t in zip(self.output_names, tensors)
+        }
 
     def synchronize(self) -> None:
         """Wait for the device."""

@@ -67,18 +67,18 @@ if __name__ == "__main__":
     print([list(o.shape) for o in outs])
 '''
 
-ONNX_SOURCE = '''    from onnx2torch import convert
+ONNX_SOURCE = """    from onnx2torch import convert
 
     module = convert(os.path.join(HERE, "{model}"))
     try:  # the tuner fixed onnx2torch's Reshape/Pad arguments to the measured shapes, so Dynamo traces them whole
         from tuner.backends.inductor.build import static_shapes
     except ImportError:
         return module
-    return static_shapes(module, [torch.zeros(s, dtype=getattr(torch, d)).numpy() for s, d in INPUTS.values()])'''
+    return static_shapes(module, [torch.zeros(s, dtype=getattr(torch, d)).numpy() for s, d in INPUTS.values()])"""
 
-FUNCTION_SOURCE = '''    from {module_name} import {function}
+FUNCTION_SOURCE = """    from {module_name} import {function}
 
-    return {function}()[0]  # backend.options.module: (torch.nn.Module, example inputs)'''
+    return {function}()[0]  # backend.options.module: (torch.nn.Module, example inputs)"""
 
 
 def deployment(request: ExportRequest) -> Deployment:
@@ -93,23 +93,34 @@ def deployment(request: ExportRequest) -> Deployment:
     device = str(info.get("device", "cpu"))
     options: Any = info.get("options", {})
     text = TEMPLATE.format(
-        version=request.backend_version or "torch", device=device, options=pprint.pformat(options, indent=4, sort_dicts=True),
-        device_type="cpu" if device == "cpu" else "cuda", dtype=DTYPES[str(route["precision"])],
-        channels_last=bool(route.get("channels_last", False)), tf32=route["precision"] == "tf32",
-        inputs={name: (list(i["shape"]), i["dtype"]) for name, i in request.inputs.items()}, source=source,
+        version=request.backend_version or "torch",
+        device=device,
+        options=pprint.pformat(options, indent=4, sort_dicts=True),
+        device_type="cpu" if device == "cpu" else "cuda",
+        dtype=DTYPES[str(route["precision"])],
+        channels_last=bool(route.get("channels_last", False)),
+        tf32=route["precision"] == "tf32",
+        inputs={name: (list(i["shape"]), i["dtype"]) for name, i in request.inputs.items()},
+        source=source,
     )
     files: dict[str, str | bytes | Path] = {SCRIPT: text}
     if not target:
         files[MODEL] = request.model.path
     pins = request.backend_version or "torch onnx2torch"  # e.g. "torch==2.11.0 onnx2torch==1.5.15"
     return Deployment(
-        artifact_name="inductor.tar", files=files, executables=(SCRIPT,),
-        about={SCRIPT: "the torch.compile call and the Inductor configuration the route was measured with",
-               MODEL: "the study's model, converted to torch by onnx2torch as the tuner did"},
+        artifact_name="inductor.tar",
+        files=files,
+        executables=(SCRIPT,),
+        about={
+            SCRIPT: "the torch.compile call and the Inductor configuration the route was measured with",
+            MODEL: "the study's model, converted to torch by onnx2torch as the tuner did",
+        },
         commands=[f"python3 {SCRIPT}"],
         needs=f"python3 with {pins} (pip install {pins})" + (f"; and {target}'s package" if target else ""),
         run=f"`from compile_inductor import compiled` gives the compiled module; `inductor.tar` is the code Inductor generated "
-            f"for it when it was measured ({info.get('graphs', '?')} graph(s), code sha256 {str(info.get('code_sha256', ''))[:12]}).",
-        notes=["Inductor compiles on first use and may choose other kernels on another machine or torch version (autotuning): "
-               "compare its generated code with inductor.tar."],
+        f"for it when it was measured ({info.get('graphs', '?')} graph(s), code sha256 {str(info.get('code_sha256', ''))[:12]}).",
+        notes=[
+            "Inductor compiles on first use and may choose other kernels on another machine or torch version (autotuning): "
+            "compare its generated code with inductor.tar."
+        ],
     )

@@ -74,8 +74,16 @@ class InductorRunner(Runner):
     def timing_info(self) -> dict[str, Any]:
         import torch
 
-        info = self.timer.info() if self.timer is not None else {"clock": "host-perf_counter", "threads": torch.get_num_threads()}
-        return {**info, "torch": torch.__version__, "stream": "cuda-python non-blocking (ExternalStream)" if self.timer else "cpu"}
+        info = (
+            self.timer.info()
+            if self.timer is not None
+            else {"clock": "host-perf_counter", "threads": torch.get_num_threads()}
+        )
+        return {
+            **info,
+            "torch": torch.__version__,
+            "stream": "cuda-python non-blocking (ExternalStream)" if self.timer else "cpu",
+        }
 
     def release(self) -> None:
         self.engine.synchronize()

@@ -47,12 +47,35 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("epilogue_fusion", "epilogue_fusion", (True, False), "fuse pointwise ops into GEMM/conv epilogues"),
     Switch("aggressive_fusion", "aggressive_fusion", (False, True), "fuse nodes even without shared memory reads"),
     Switch("max_fusion_size", "max_fusion_size", (16, 64, 256), "most nodes one fused kernel may hold"),
-    Switch("pattern_matcher", "pattern_matcher", (True, False), "Inductor's pattern-replacement passes (SDPA, GEMM fusions)"),
-    Switch("gemm_backends", "max_autotune_gemm_backends", ("ATEN,TRITON", "ATEN", "TRITON"),
-           "GEMM/conv implementations max-autotune chooses from", cuda_only=True, needs_autotune=True),
-    Switch("coordinate_descent_tuning", "coordinate_descent_tuning", (False, True), "coordinate-descent tuning of Triton launch configs", cuda_only=True),
+    Switch(
+        "pattern_matcher",
+        "pattern_matcher",
+        (True, False),
+        "Inductor's pattern-replacement passes (SDPA, GEMM fusions)",
+    ),
+    Switch(
+        "gemm_backends",
+        "max_autotune_gemm_backends",
+        ("ATEN,TRITON", "ATEN", "TRITON"),
+        "GEMM/conv implementations max-autotune chooses from",
+        cuda_only=True,
+        needs_autotune=True,
+    ),
+    Switch(
+        "coordinate_descent_tuning",
+        "coordinate_descent_tuning",
+        (False, True),
+        "coordinate-descent tuning of Triton launch configs",
+        cuda_only=True,
+    ),
     Switch("freezing", "freezing", (False, True), "fold weights into constants and pre-pack them (inference only)"),
-    Switch("layout_optimization", "layout_optimization", (True, False), "let Inductor pick channels-last layouts for convolutions", cuda_only=True),
+    Switch(
+        "layout_optimization",
+        "layout_optimization",
+        (True, False),
+        "let Inductor pick channels-last layouts for convolutions",
+        cuda_only=True,
+    ),
 )
 
 
@@ -80,10 +103,25 @@ def config_problem(extra: Any) -> str | None:
     return None
 
 
-DEVICE = Option("device", str, "auto", "where routes compile and run ('auto': CUDA when torch sees a GPU)", choices=("auto", "cuda", "cpu"))
-MODULE = Option("module", str, "", "\"pkg.mod:fn\" returning (torch.nn.Module, example inputs), used instead of converting the ONNX model",
-                check=lambda v: None if not v or (v.count(":") == 1 and all(v.split(":"))) else f"expected \"package.module:function\", got {v!r}")
-INDUCTOR_CONFIG = Option("inductor_config", dict, {}, "extra torch._inductor.config switches applied to every route", check=config_problem)
+DEVICE = Option(
+    "device",
+    str,
+    "auto",
+    "where routes compile and run ('auto': CUDA when torch sees a GPU)",
+    choices=("auto", "cuda", "cpu"),
+)
+MODULE = Option(
+    "module",
+    str,
+    "",
+    '"pkg.mod:fn" returning (torch.nn.Module, example inputs), used instead of converting the ONNX model',
+    check=lambda v: (
+        None if not v or (v.count(":") == 1 and all(v.split(":"))) else f'expected "package.module:function", got {v!r}'
+    ),
+)
+INDUCTOR_CONFIG = Option(
+    "inductor_config", dict, {}, "extra torch._inductor.config switches applied to every route", check=config_problem
+)
 OPTIONS = (DEVICE, MODULE, INDUCTOR_CONFIG)
 
 
@@ -108,16 +146,22 @@ def inductor_space(model: ModelInfo) -> SearchSpace:
     precisions = PRECISIONS_CUDA if cuda else PRECISIONS_CPU
     params: list[Param] = [
         Param("mode", modes, "default", "torch.compile mode (reduce-overhead and max-autotune use CUDA graphs)"),
-        Param("precision", precisions, "fp32", "fp32 (no TF32), tf32 matmul/conv, or weights and inputs cast to bf16/fp16"),
+        Param(
+            "precision", precisions, "fp32", "fp32 (no TF32), tf32 matmul/conv, or weights and inputs cast to bf16/fp16"
+        ),
     ]
     if any(len(shape) == 4 for shape in model.input_shapes.values()):
-        params.append(Param("channels_last", (False, True), False, "module and 4-D inputs in channels-last memory format"))
+        params.append(
+            Param("channels_last", (False, True), False, "module and 4-D inputs in channels-last memory format")
+        )
     for s in SWITCHES:
         if s.key not in defaults or (s.cuda_only and not cuda):
             continue
         default = defaults[s.key]
         choices = tuple(dict.fromkeys((default, *s.alternatives)))
-        params.append(Param(s.name, choices, default, f"torch._inductor.config.{s.key}: {s.help}", when=_active(s, set_by_mode)))
+        params.append(
+            Param(s.name, choices, default, f"torch._inductor.config.{s.key}: {s.help}", when=_active(s, set_by_mode))
+        )
     return SearchSpace(tuple(params))
 
 
@@ -156,5 +200,9 @@ def check_config(wanted: Mapping[str, Any]) -> None:
         if key not in defaults:
             raise UnknownSwitch(f"torch._inductor.config has no switch {key!r} in this torch version")
         current = defaults[key]
-        if current is not None and not isinstance(value, type(current)) and not (isinstance(current, float) and isinstance(value, int)):
+        if (
+            current is not None
+            and not isinstance(value, type(current))
+            and not (isinstance(current, float) and isinstance(value, int))
+        ):
             raise UnknownSwitch(f"torch._inductor.config.{key} takes {type(current).__name__}, got {value!r}")

@@ -24,11 +24,22 @@ class OnnxRuntimeBackend(Backend):
 
     name = "onnxruntime"
     options = (
-        Option("model_type", str, "", "ONNX Runtime transformer-optimizer model type (e.g. \"bert\"); set, it offers the transformer fusions"),
+        Option(
+            "model_type",
+            str,
+            "",
+            'ONNX Runtime transformer-optimizer model type (e.g. "bert"); set, it offers the transformer fusions',
+        ),
         Option("num_heads", int, 0, "attention heads, for the transformer optimizer (0: detect)"),
         Option("hidden_size", int, 0, "hidden size, for the transformer optimizer (0: detect)"),
     )
-    preload = ("onnxruntime", "onnx", "tuner.backends.onnxruntime.build", "tuner.backends.onnxruntime.run", "tuner.study.reuse")
+    preload = (
+        "onnxruntime",
+        "onnx",
+        "tuner.backends.onnxruntime.build",
+        "tuner.backends.onnxruntime.run",
+        "tuner.study.reuse",
+    )
 
     def fork_safe(self, route: Route) -> bool:
         """CPU routes: importing ONNX Runtime initialises no device; the CUDA provider keeps a fresh process."""
@@ -40,7 +51,9 @@ class OnnxRuntimeBackend(Backend):
 
         from tuner.backends.onnxruntime.session import SESSION_CONFIG
 
-        return " ".join([onnxruntime.__version__, *(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in sorted(SESSION_CONFIG.items()))])
+        return " ".join(
+            [onnxruntime.__version__, *(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in sorted(SESSION_CONFIG.items()))]
+        )
 
     def device(self) -> dict[str, Any]:
         import onnxruntime
@@ -68,20 +81,28 @@ class OnnxRuntimeBackend(Backend):
 
         return deployment(request)
 
-    def learned_failure(self, route: Route, model: ModelInfo, work_dir: Path, model_sha: str, data_sha: str) -> tuple[str, str] | None:
+    def learned_failure(
+        self, route: Route, model: ModelInfo, work_dir: Path, model_sha: str, data_sha: str
+    ) -> tuple[str, str] | None:
         from tuner.backends.onnxruntime.products import FailureBook, products
 
         known = FailureBook(work_dir).lookup(products(route, model_sha, model.options, data_sha))
         return (known[0].key, f"{known[0].kind} {known[0].key}, which failed before: {known[1]}") if known else None
 
-    def preparation(self, model: ModelInfo, space: SearchSpace, work_dir: Path, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    def preparation(
+        self, model: ModelInfo, space: SearchSpace, work_dir: Path, log: Callable[[str], None] = print
+    ) -> list[dict[str, Any]]:
         if not any(str(c).startswith("int8") for c in space.param("precision").choices):
             return []  # only int8 variants are made from the prepared model
         from tuner.backends.onnxruntime.prepare import prepare
         from tuner.backends.onnxruntime.products import products
         from tuner.measure.inputs import file_hash
 
-        prepared = next(p for p in products({"precision": "int8_static"}, file_hash(model.path), model.options, "") if p.kind == "prepared")
+        prepared = next(
+            p
+            for p in products({"precision": "int8_static"}, file_hash(model.path), model.options, "")
+            if p.kind == "prepared"
+        )
         return prepare(model.path, prepared.key, work_dir / "variants", log).steps
 
     def seed_routes(self, model: ModelInfo) -> list[Route]:

@@ -119,7 +119,9 @@ def _int8(prepared: Path, recipe: QuantOptions, stage: dict[str, Product], data_
         from tuner.backends.onnxruntime.sensitivity import ranking
 
         reduce = recommendation().reduce_range
-        exclude = ranking(prepared, sensitivity_key(stage["prepared"], data_sha, reduce), ctx.calibration, cache, reduce)[: recipe.fp32_nodes]
+        exclude = ranking(
+            prepared, sensitivity_key(stage["prepared"], data_sha, reduce), ctx.calibration, cache, reduce
+        )[: recipe.fp32_nodes]
         ctx.log(f"kept in fp32 (most sensitive first): {', '.join(exclude)}")
     with atomic_path(out) as tmp:  # concurrent workers may both quantize; either result is identical
         quantize(prepared, tmp, recipe, ctx.calibration, exclude)
@@ -141,8 +143,12 @@ def _fused(model: Path, route: Route, ctx: BuildContext, key: str) -> Path:
     for attr, on in fusion_switches(route).items():
         setattr(fusion, attr, on)
     optimized = optimize_model(
-        str(model), model_type=str(opts["model_type"]), num_heads=int(opts.get("num_heads", 0)),
-        hidden_size=int(opts.get("hidden_size", 0)), optimization_options=fusion, opt_level=0,
+        str(model),
+        model_type=str(opts["model_type"]),
+        num_heads=int(opts.get("num_heads", 0)),
+        hidden_size=int(opts.get("hidden_size", 0)),
+        optimization_options=fusion,
+        opt_level=0,
     )
     with atomic_path(out) as tmp:
         optimized.save_model_to_file(str(tmp))

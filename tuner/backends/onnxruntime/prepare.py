@@ -102,7 +102,15 @@ def normalise_initializers(model: Any) -> dict[str, Any]:
     graph.input.extend(inputs)
     named = _name_nodes(graph)
     detail = ", ".join(f"{n} {k} node(s) folded" for k, n in sorted(folded.items()))
-    detail = ", ".join(x for x in (detail, f"{dropped} initializer input(s) dropped" if dropped else "", f"{named} node(s) named" if named else "") if x)
+    detail = ", ".join(
+        x
+        for x in (
+            detail,
+            f"{dropped} initializer input(s) dropped" if dropped else "",
+            f"{named} node(s) named" if named else "",
+        )
+        if x
+    )
     return {"step": "initializers", "status": "done" if detail else "unchanged", "detail": detail}
 
 
@@ -134,7 +142,11 @@ def upgrade_opset(model: Any) -> dict[str, Any]:
     try:
         converted = version_converter.convert_version(model, QUANT_OPSET)
     except Exception as exc:  # the converter raises its own C++ errors for ops it cannot adapt
-        return {"step": "opset", "status": "failed", "detail": f"opset {current} -> {QUANT_OPSET}: {type(exc).__name__}: {exc}"[:300]}
+        return {
+            "step": "opset",
+            "status": "failed",
+            "detail": f"opset {current} -> {QUANT_OPSET}: {type(exc).__name__}: {exc}"[:300],
+        }
     model.CopyFrom(converted)
     return {"step": "opset", "status": "done", "detail": f"opset {current} -> {QUANT_OPSET}"}
 
@@ -151,7 +163,11 @@ def _pre_process(src: Path, out: Path) -> dict[str, Any]:
             # the current directory: run it in a scratch folder of its own, removed afterwards.
             with tempfile.TemporaryDirectory(dir=out.parent) as scratch, contextlib.chdir(scratch):
                 quant_pre_process(str(src), str(out), **kwargs)
-            return {"step": "quant_pre_process", "status": "done", "detail": label + (f" ({errors[0]})" if errors else "")}
+            return {
+                "step": "quant_pre_process",
+                "status": "done",
+                "detail": label + (f" ({errors[0]})" if errors else ""),
+            }
         except Exception as exc:  # symbolic shape inference rejects some custom/contrib ops; try without
             errors.append(f"{label}: {type(exc).__name__}: {' '.join(str(exc).split())[:240]}")
     src.replace(out)
@@ -171,11 +187,14 @@ def _keep_torch_out_of_ort_tools() -> None:
     """
     if TORCH_HELPER in sys.modules or "onnxruntime.tools" in sys.modules or "torch" in sys.modules:
         return
-    helper = types.ModuleType(TORCH_HELPER, "Stand-in registered by tuner.backends.onnxruntime.prepare (PyTorch not imported).")
+    helper = types.ModuleType(
+        TORCH_HELPER, "Stand-in registered by tuner.backends.onnxruntime.prepare (PyTorch not imported)."
+    )
 
     def infer_input_info(*_args: Any, **_kwargs: Any) -> Any:
-        raise RuntimeError(f"{TORCH_HELPER} was not loaded in this process (route tuner kept PyTorch out of onnxruntime.tools)")
+        raise RuntimeError(
+            f"{TORCH_HELPER} was not loaded in this process (route tuner kept PyTorch out of onnxruntime.tools)"
+        )
 
     helper.infer_input_info = infer_input_info  # type: ignore[attr-defined]
     sys.modules[TORCH_HELPER] = helper
-

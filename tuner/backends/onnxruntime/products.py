@@ -61,10 +61,25 @@ def products(route: Route, model_sha: str, options: Mapping[str, Any], data_sha:
     if recipe is not None:
         prepared = _key({"source": source, "prep": PREPARATION})
         out.append(Product("prepared", prepared))
-        out.append(Product("variant", _key({"prepared": prepared, "recipe": asdict(recipe),
-                                            "feeds": data_sha if recipe.mode == "static" else ""})))
+        out.append(
+            Product(
+                "variant",
+                _key(
+                    {
+                        "prepared": prepared,
+                        "recipe": asdict(recipe),
+                        "feeds": data_sha if recipe.mode == "static" else "",
+                    }
+                ),
+            )
+        )
     elif route.get("precision", "fp32") != "fp32":
-        out.append(Product("variant", _key({"source": source, "precision": route["precision"], "keep_fp32": route.get("keep_fp32", "none")})))
+        out.append(
+            Product(
+                "variant",
+                _key({"source": source, "precision": route["precision"], "keep_fp32": route.get("keep_fp32", "none")}),
+            )
+        )
     return out
 
 
@@ -81,7 +96,10 @@ class FailureBook:
 
     def record(self, product: Product, message: str) -> None:
         """Remember that `product` cannot be made (first writer wins; later ones are identical)."""
-        atomic_write(self.dir / f"{product.key}.json", json.dumps({"kind": product.kind, "key": product.key, "message": message[:2000]}))
+        atomic_write(
+            self.dir / f"{product.key}.json",
+            json.dumps({"kind": product.kind, "key": product.key, "message": message[:2000]}),
+        )
 
     def lookup(self, needed: list[Product]) -> tuple[Product, str] | None:
         """The first needed product already known to fail, with its recorded message."""

@@ -79,22 +79,64 @@ def quant_params(op_types: frozenset[str], rec: Recommendation | None = None) ->
     rec = rec or recommendation()
     groups = tuple(g for g in OP_GROUPS if g in op_types)
     params = [
-        Param("quant_types", QUANT_TYPES, rec.quant_types, f"int8 activation/weight types ({rec.reason})", when=_static),
-        Param("quant_format", ("qdq", "qoperator"), "qdq", "QuantizeLinear/DequantizeLinear pairs or QLinear* operators",
-              when=lambda r: _static(r) and r.get("quant_types") != "S8S8"),
-        Param("activation_symmetric", (False, True), False, "symmetric activation ranges (zero point at the middle)", when=_static),
+        Param(
+            "quant_types", QUANT_TYPES, rec.quant_types, f"int8 activation/weight types ({rec.reason})", when=_static
+        ),
+        Param(
+            "quant_format",
+            ("qdq", "qoperator"),
+            "qdq",
+            "QuantizeLinear/DequantizeLinear pairs or QLinear* operators",
+            when=lambda r: _static(r) and r.get("quant_types") != "S8S8",
+        ),
+        Param(
+            "activation_symmetric",
+            (False, True),
+            False,
+            "symmetric activation ranges (zero point at the middle)",
+            when=_static,
+        ),
         Param("weight_symmetric", (True, False), True, "symmetric weight ranges", when=_static),
-        Param("weight_type", ("S8", "U8"), "S8", "dynamic int8 weight type", when=lambda r: r.get("precision") == "int8_dynamic"),
-        Param("reduce_range", (rec.reduce_range, not rec.reduce_range), rec.reduce_range, "7-bit weights (ORT: on for x86 without VNNI)", when=_int8),
+        Param(
+            "weight_type",
+            ("S8", "U8"),
+            "S8",
+            "dynamic int8 weight type",
+            when=lambda r: r.get("precision") == "int8_dynamic",
+        ),
+        Param(
+            "reduce_range",
+            (rec.reduce_range, not rec.reduce_range),
+            rec.reduce_range,
+            "7-bit weights (ORT: on for x86 without VNNI)",
+            when=_int8,
+        ),
         Param("per_channel", (True, False), True, "per-channel int8 weight scales", when=_int8),
         Param("calibration", ("minmax", "percentile", "entropy"), "minmax", "int8 calibration method", when=_static),
-        Param("percentile", PERCENTILES, 99.999, "percentile calibration: the kept percentile of each activation",
-              when=lambda r: _static(r) and r.get("calibration") == "percentile"),
+        Param(
+            "percentile",
+            PERCENTILES,
+            99.999,
+            "percentile calibration: the kept percentile of each activation",
+            when=lambda r: _static(r) and r.get("calibration") == "percentile",
+        ),
     ]
     if len(groups) > 1:
         params.append(Param("quant_ops", ("all", *groups), "all", "which op types are quantized", when=_int8))
     params += [
-        Param("fp32_nodes", FP32_NODES, 0, "mixed precision: the k most sensitive nodes (measured once per model) stay fp32", when=_static),
-        Param("int8_graph_level", ("all", "extended"), "all", "ORT graph level for int8 (only these fuse Q/DQ into int8 kernels)", when=_static),
+        Param(
+            "fp32_nodes",
+            FP32_NODES,
+            0,
+            "mixed precision: the k most sensitive nodes (measured once per model) stay fp32",
+            when=_static,
+        ),
+        Param(
+            "int8_graph_level",
+            ("all", "extended"),
+            "all",
+            "ORT graph level for int8 (only these fuse Q/DQ into int8 kernels)",
+            when=_static,
+        ),
     ]
     return params

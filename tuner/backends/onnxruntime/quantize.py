@@ -13,7 +13,14 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
-from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
 
 from tuner.backends.onnxruntime.recipe import QuantOptions
 from tuner.measure.inputs import Feed
@@ -26,9 +33,16 @@ def quantize(prepared: Path, out: Path, opts: QuantOptions, feeds: list[Feed], e
     """Write the int8 model of `prepared` per `opts` to `out` (`exclude`: node names kept in fp32)."""
     weight = getattr(QuantType, _TYPES[opts.weight])
     if opts.mode == "dynamic":
-        quantize_dynamic(str(prepared), str(out), op_types_to_quantize=opts.op_types(), per_channel=opts.per_channel,
-                         reduce_range=opts.reduce_range, weight_type=weight, nodes_to_exclude=exclude,
-                         extra_options={"WeightSymmetric": opts.weight_symmetric})
+        quantize_dynamic(
+            str(prepared),
+            str(out),
+            op_types_to_quantize=opts.op_types(),
+            per_channel=opts.per_channel,
+            reduce_range=opts.reduce_range,
+            weight_type=weight,
+            nodes_to_exclude=exclude,
+            extra_options={"WeightSymmetric": opts.weight_symmetric},
+        )
     else:
         _static(prepared, out, opts, feeds, exclude)
     check_loads(out)
@@ -36,16 +50,33 @@ def quantize(prepared: Path, out: Path, opts: QuantOptions, feeds: list[Feed], e
 
 def _static(prepared: Path, out: Path, opts: QuantOptions, feeds: list[Feed], exclude: list[str]) -> None:
     if opts.quant_format == "qoperator":
-        exclude = exclude + [n for n in outer_scope_producers(onnx.load(str(prepared), load_external_data=False)) if n not in exclude]
-    extra: dict[str, object] = {"ActivationSymmetric": opts.activation_symmetric, "WeightSymmetric": opts.weight_symmetric}
+        exclude = exclude + [
+            n for n in outer_scope_producers(onnx.load(str(prepared), load_external_data=False)) if n not in exclude
+        ]
+    extra: dict[str, object] = {
+        "ActivationSymmetric": opts.activation_symmetric,
+        "WeightSymmetric": opts.weight_symmetric,
+    }
     if opts.calibration == "percentile":
         extra["CalibPercentile"] = opts.percentile
-    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "percentile": CalibrationMethod.Percentile,
+        "entropy": CalibrationMethod.Entropy,
+    }
     quantize_static(
-        str(prepared), str(out), FeedReader(feeds), quant_format=QuantFormat.QDQ if opts.quant_format == "qdq" else QuantFormat.QOperator,
-        op_types_to_quantize=opts.op_types(), per_channel=opts.per_channel, reduce_range=opts.reduce_range,
-        activation_type=getattr(QuantType, _TYPES[opts.activation]), weight_type=getattr(QuantType, _TYPES[opts.weight]),
-        nodes_to_exclude=exclude, calibrate_method=method[opts.calibration], extra_options=extra,
+        str(prepared),
+        str(out),
+        FeedReader(feeds),
+        quant_format=QuantFormat.QDQ if opts.quant_format == "qdq" else QuantFormat.QOperator,
+        op_types_to_quantize=opts.op_types(),
+        per_channel=opts.per_channel,
+        reduce_range=opts.reduce_range,
+        activation_type=getattr(QuantType, _TYPES[opts.activation]),
+        weight_type=getattr(QuantType, _TYPES[opts.weight]),
+        nodes_to_exclude=exclude,
+        calibrate_method=method[opts.calibration],
+        extra_options=extra,
     )
 
 

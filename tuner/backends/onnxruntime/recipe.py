@@ -28,19 +28,30 @@ class QuantOptions:
     def from_route(cls, route: Route) -> QuantOptions | None:
         """The recipe a route asks for, or None when its precision is not an ONNX Runtime int8 one."""
         precision = route.get("precision")
-        common = {"reduce_range": bool(route.get("reduce_range", False)), "per_channel": bool(route.get("per_channel", True)),
-                  "quant_ops": str(route.get("quant_ops", "all"))}
+        common = {
+            "reduce_range": bool(route.get("reduce_range", False)),
+            "per_channel": bool(route.get("per_channel", True)),
+            "quant_ops": str(route.get("quant_ops", "all")),
+        }
         if precision == "int8_dynamic":
-            return cls("dynamic", activation="U8", weight=str(route.get("weight_type", "S8")), quant_format="integer", **common)
+            return cls(
+                "dynamic", activation="U8", weight=str(route.get("weight_type", "S8")), quant_format="integer", **common
+            )
         if precision != "int8_static":
             return None
         types = str(route.get("quant_types", "U8S8"))
         calibration = str(route.get("calibration", "minmax"))
         return cls(
-            "static", activation=types[:2], weight=types[2:], quant_format=str(route.get("quant_format", "qdq")),
-            activation_symmetric=bool(route.get("activation_symmetric", False)), weight_symmetric=bool(route.get("weight_symmetric", True)),
-            calibration=calibration, percentile=float(route.get("percentile", 99.999)) if calibration == "percentile" else 99.999,
-            fp32_nodes=int(route.get("fp32_nodes", 0)), **common,
+            "static",
+            activation=types[:2],
+            weight=types[2:],
+            quant_format=str(route.get("quant_format", "qdq")),
+            activation_symmetric=bool(route.get("activation_symmetric", False)),
+            weight_symmetric=bool(route.get("weight_symmetric", True)),
+            calibration=calibration,
+            percentile=float(route.get("percentile", 99.999)) if calibration == "percentile" else 99.999,
+            fp32_nodes=int(route.get("fp32_nodes", 0)),
+            **common,
         )
 
     def op_types(self) -> list[str] | None:

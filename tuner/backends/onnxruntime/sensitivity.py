@@ -44,7 +44,9 @@ def measure(prepared: Path, feeds: list[Feed], reduce_range: bool) -> dict[str, 
         quantize(prepared, qpath, QuantOptions("static", reduce_range=reduce_range), feeds, [])
         qgraph = onnx.load(str(qpath)).graph
         weights = {i.name for i in qgraph.initializer}
-        dq_weights = {o for n in qgraph.node if n.op_type == "DequantizeLinear" and n.input[0] in weights for o in n.output}
+        dq_weights = {
+            o for n in qgraph.node if n.op_type == "DequantizeLinear" and n.input[0] in weights for o in n.output
+        }
         quantized = {n.name for n in qgraph.node if n.op_type != "DequantizeLinear" and set(n.input) & dq_weights}
         fgraph = onnx.load(str(prepared), load_external_data=False).graph
         nodes = [n for n in fgraph.node if n.name in quantized]
@@ -52,8 +54,11 @@ def measure(prepared: Path, feeds: list[Feed], reduce_range: bool) -> dict[str, 
         ref = _run_exposed(prepared, tensors, feeds, Path(tmp) / "f.onnx")
         got = _run_exposed(qpath, tensors, feeds, Path(tmp) / "q2.onnx")
     err = {t: _rel_err(got[t], ref[t]) for t in tensors if t in ref and t in got}
-    return {n.name: max((err[o] for o in n.output if o in err), default=0.0) - max((err[i] for i in n.input if i in err), default=0.0)
-            for n in nodes}
+    return {
+        n.name: max((err[o] for o in n.output if o in err), default=0.0)
+        - max((err[i] for i in n.input if i in err), default=0.0)
+        for n in nodes
+    }
 
 
 def _run_exposed(model: Path, tensors: list[str], feeds: list[Feed], scratch: Path) -> dict[str, list[np.ndarray]]:

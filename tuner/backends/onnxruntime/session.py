@@ -14,7 +14,12 @@ from typing import Any
 
 from tuner.space import Route
 
-LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+LEVELS = {
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 AS_IS = "ORT_DISABLE_ALL"  # the level an offline-optimised file is loaded at: as it is
 OFFLINE, AT_LOAD = "offline", "at-load"  # how an artifact's graph optimisation was applied (its `graph_optimization`)

@@ -31,27 +31,50 @@ def ort_space(model: ModelInfo) -> SearchSpace:
     given = given_precision(model.path)  # an already quantized or fp16 model takes no further variant
     params: list[Param] = [
         Param("provider", providers, providers[0], "execution provider"),
-        Param("precision", given.applicable(PRECISIONS), AS_GIVEN, "precision variant of the ONNX graph",
-              why=given.note),
+        Param(
+            "precision", given.applicable(PRECISIONS), AS_GIVEN, "precision variant of the ONNX graph", why=given.note
+        ),
     ]
     if not given.reduced:  # the knobs of the variants (none for a model that takes no variant)
         params += [
-            Param("keep_fp32", ("sensitive", "norm_softmax", "none"), "sensitive", "ops kept in fp32 in an fp16 graph",
-                  when=lambda r: r["precision"] == "fp16"),
+            Param(
+                "keep_fp32",
+                ("sensitive", "norm_softmax", "none"),
+                "sensitive",
+                "ops kept in fp32 in an fp16 graph",
+                when=lambda r: r["precision"] == "fp16",
+            ),
             *quant_params(model_op_types(model.path)),
         ]
     if model.options.get("model_type"):
         params.append(Param("transformer_fusion", (False, True), False, "run ONNX Runtime's transformer optimizer"))
         params.extend(
-            Param(name, (True, False), True, f"transformer optimizer switch {attr}", when=lambda r: bool(r.get("transformer_fusion")))
+            Param(
+                name,
+                (True, False),
+                True,
+                f"transformer optimizer switch {attr}",
+                when=lambda r: bool(r.get("transformer_fusion")),
+            )
             for name, attr in FUSIONS.items()
         )
     params += [
-        Param("graph_optimization_level", ("all", "extended", "basic", "disabled"), "all", "ORT graph optimisation level",
-              when=lambda r: r["precision"] != "int8_static"),
+        Param(
+            "graph_optimization_level",
+            ("all", "extended", "basic", "disabled"),
+            "all",
+            "ORT graph optimisation level",
+            when=lambda r: r["precision"] != "int8_static",
+        ),
         Param("execution_mode", ("sequential", "parallel"), "sequential", "ORT execution mode"),
         Param("intra_op_threads", _threads(), 0, "intra-op threads (0: ORT decides)"),
-        Param("inter_op_threads", (0, 1, 2), 0, "inter-op threads (parallel mode)", when=lambda r: r["execution_mode"] == "parallel"),
+        Param(
+            "inter_op_threads",
+            (0, 1, 2),
+            0,
+            "inter-op threads (parallel mode)",
+            when=lambda r: r["execution_mode"] == "parallel",
+        ),
         Param("cpu_mem_arena", (True, False), True, "CPU memory arena"),
         Param("mem_pattern", (True, False), True, "memory pattern planning"),
     ]

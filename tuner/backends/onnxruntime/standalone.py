@@ -36,14 +36,18 @@ def open_session(model: str | Path, settings: dict[str, Any]) -> ort.InferenceSe
         setattr(opts, name, getattr(ENUMS[name], value) if name in ENUMS else value)
     for key, value in settings["config_entries"].items():
         opts.add_session_config_entry(key, value)
-    return ort.InferenceSession(str(model), opts, providers=settings["providers"], provider_options=settings["provider_options"])
+    return ort.InferenceSession(
+        str(model), opts, providers=settings["providers"], provider_options=settings["provider_options"]
+    )
 
 
 def samples(data: dict[str, np.ndarray], inputs: dict[str, dict[str, Any]]) -> list[dict[str, np.ndarray]]:
     """The feeds in `data`: sample i of each input along its batch axis (a 0-D array is one value for all)."""
     missing = sorted(set(inputs) - set(data) - {n for n, i in inputs.items() if "value" in i})
     if missing:
-        raise SystemExit(f"--data has no array for input(s) {', '.join(missing)}; it has {', '.join(sorted(data)) or 'none'}")
+        raise SystemExit(
+            f"--data has no array for input(s) {', '.join(missing)}; it has {', '.join(sorted(data)) or 'none'}"
+        )
 
     def array(name: str) -> np.ndarray:
         spec = inputs[name]
@@ -94,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the exported engine in the session it was measured with.")
     parser.add_argument("--data", type=Path, help=".npz of inputs keyed by input name (default: random inputs)")
     parser.add_argument("--runs", type=int, default=100, help="timed calls (default 100)")
-    parser.add_argument("--session", type=Path, default=here / "session.json", help="the session settings (default: beside this file)")
+    parser.add_argument(
+        "--session", type=Path, default=here / "session.json", help="the session settings (default: beside this file)"
+    )
     args = parser.parse_args(argv)
     settings = json.loads(args.session.read_text())
     session = open_session(args.session.parent / settings["model"], settings)
@@ -112,9 +118,18 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         session.run(None, feeds[i % len(feeds)])
         latencies.append((time.perf_counter() - t0) * 1000.0)
-    print(json.dumps({"model": settings["model"], "median_ms": round(statistics.median(latencies), 4), "runs": len(latencies),
-                      "samples": len(feeds), "outputs": {k: list(v.shape) for k, v in outputs.items()},
-                      "providers": session.get_providers()}))
+    print(
+        json.dumps(
+            {
+                "model": settings["model"],
+                "median_ms": round(statistics.median(latencies), 4),
+                "runs": len(latencies),
+                "samples": len(feeds),
+                "outputs": {k: list(v.shape) for k, v in outputs.items()},
+                "providers": session.get_providers(),
+            }
+        )
+    )
     return 0
 
 

@@ -20,10 +20,16 @@ from tuner.backends.replay.landscape import Landscape, load_landscape
 from tuner.errors import TunerError
 from tuner.space import Route, SearchSpace
 
-
-LANDSCAPE = Option("landscape", str, "", "the recorded landscape file (a relative path is taken from the model file's directory)")
-DRIFT_SHARE = Option("drift_share", float, 1.0, "share of the recorded between-round drift a replayed measurement carries (1: as recorded)",
-                     check=lambda v: None if 0.0 <= v <= 1.0 else "expected a number from 0 to 1")
+LANDSCAPE = Option(
+    "landscape", str, "", "the recorded landscape file (a relative path is taken from the model file's directory)"
+)
+DRIFT_SHARE = Option(
+    "drift_share",
+    float,
+    1.0,
+    "share of the recorded between-round drift a replayed measurement carries (1: as recorded)",
+    check=lambda v: None if 0.0 <= v <= 1.0 else "expected a number from 0 to 1",
+)
 SEED = Option("seed", int, 0, "seed mixed into the replayed noise (with each trial's folder, route and use)")
 
 
@@ -31,12 +37,14 @@ def landscape_of(model: ModelInfo) -> Landscape:
     """The landscape named by the study's backend options, checked against the study's model."""
     name = LANDSCAPE.get(model.options)
     if not isinstance(name, str) or not name:
-        raise TunerError("the replay backend needs backend.options.landscape = \"path/to/landscape.json.gz\"")
+        raise TunerError('the replay backend needs backend.options.landscape = "path/to/landscape.json.gz"')
     path = Path(name) if Path(name).is_absolute() else Path(model.path).parent / name
     landscape = load_landscape(path)
     recorded = landscape.meta["model"]["sha256"]
     if _model_sha(Path(model.path)) != recorded:
-        raise TunerError(f"landscape {path.name} was recorded for another model (sha256 {recorded[:12]}...); use that model file")
+        raise TunerError(
+            f"landscape {path.name} was recorded for another model (sha256 {recorded[:12]}...); use that model file"
+        )
     return landscape
 
 
@@ -101,8 +109,11 @@ class ReplayBackend(Backend):
     def study_attrs(self, model: ModelInfo) -> dict[str, Any]:
         """Where the replayed numbers come from, shown with the study in the dashboard."""
         meta = self._landscape(model).meta
-        return {"landscape": str(LANDSCAPE.get(model.options)), "landscape_backend": meta["backend"],
-                "landscape_environment": meta["environment"]}
+        return {
+            "landscape": str(LANDSCAPE.get(model.options)),
+            "landscape_backend": meta["backend"],
+            "landscape_environment": meta["environment"],
+        }
 
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         from tuner.backends.replay.build import build
@@ -112,9 +123,13 @@ class ReplayBackend(Backend):
     def deployment(self, request: ExportRequest) -> Deployment:
         """Nothing native: a replayed trial built no engine; its numbers come from the recorded landscape."""
         meta = landscape_of(request.model).meta
-        return Deployment(artifact_name=f"replay{request.artifact.suffix}", notes=[
-            f"A replayed trial: no engine was built. Its numbers come from the landscape {LANDSCAPE.get(request.model.options)}, "
-            f"recorded with the {meta['backend']} backend; rebuild the route with that backend (route.json) to deploy it."])
+        return Deployment(
+            artifact_name=f"replay{request.artifact.suffix}",
+            notes=[
+                f"A replayed trial: no engine was built. Its numbers come from the landscape {LANDSCAPE.get(request.model.options)}, "
+                f"recorded with the {meta['backend']} backend; rebuild the route with that backend (route.json) to deploy it."
+            ],
+        )
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         from tuner.backends.replay.build import fail_if, read_round, trial_rng
@@ -126,5 +141,12 @@ class ReplayBackend(Backend):
         index = read_round(artifact)
         in_process = self.landscape is not None
         fail_if(point.rounds[index], "load", ctx.deadline_s, in_process)
-        return ReplayRunner(landscape, point, index, trial_rng(ctx, point, 1), ctx.deadline_s, float(DRIFT_SHARE.get(ctx.model.options)),
-                            in_process)
+        return ReplayRunner(
+            landscape,
+            point,
+            index,
+            trial_rng(ctx, point, 1),
+            ctx.deadline_s,
+            float(DRIFT_SHARE.get(ctx.model.options)),
+            in_process,
+        )

@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 
+from tuner import job as J
 from tuner.backends.base import Artifact, BuildContext, BuildError, RuntimeRefused
 from tuner.backends.replay.landscape import Landscape, Point, Round
 from tuner.space import Route
-from tuner import job as J
 
 ARTIFACT = "engine.replay.json"
 

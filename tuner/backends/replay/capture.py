@@ -71,7 +71,9 @@ class CaptureBackend(Backend):
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
         backend, inner = _inner(ctx.model)
-        return CapturingRunner(backend.load(artifact, route, replace(ctx, model=inner)), captured_path(ctx.work_dir, route))
+        return CapturingRunner(
+            backend.load(artifact, route, replace(ctx, model=inner)), captured_path(ctx.work_dir, route)
+        )
 
 
 class CapturingRunner(Runner):

@@ -127,7 +127,9 @@ class Landscape:
         """The point of the recorded space's default route: the one route whose every knob is at its default."""
         if not self._default:
             defaults = {d["name"]: d["default"] for d in self.space_params()}
-            self._default.append(next((p for p in self.points if all(defaults.get(k) == v for k, v in p.route.items())), None))
+            self._default.append(
+                next((p for p in self.points if all(defaults.get(k) == v for k, v in p.route.items())), None)
+            )
         return self._default[0]
 
     def levels(self, point: Point, statistic: str = "median") -> list[float]:
@@ -136,8 +138,11 @@ class Landscape:
         if (point.key, statistic) not in self._levels:
             base = self.default_point()
             base_ms = self.true_ms(base, statistic) if base is not None and base is not point else None
-            self._levels[point.key, statistic] = [base_ms / r.speedup if r.speedup and base_ms else summarize(r.samples_ms).get(statistic)
-                                                  for r in point.rounds if r.status == J.OK and r.timed]
+            self._levels[point.key, statistic] = [
+                base_ms / r.speedup if r.speedup and base_ms else summarize(r.samples_ms).get(statistic)
+                for r in point.rounds
+                if r.status == J.OK and r.timed
+            ]
         return list(self._levels[point.key, statistic])
 
     def true_ms(self, point: Point, statistic: str = "median") -> float | None:
@@ -248,8 +253,16 @@ def _enc_round(r: Round) -> dict[str, Any]:
 
 def _dec_point(d: Mapping[str, Any]) -> Point:
     rounds = tuple(
-        Round(r["status"], r.get("phase", ""), r.get("message", ""), r.get("build_s"), tuple(r.get("samples_ms", ())),
-              r.get("speedup"), tuple(r.get("baseline_samples_ms", ())), tuple(r["loadavg"]) if r.get("loadavg") else None)
+        Round(
+            r["status"],
+            r.get("phase", ""),
+            r.get("message", ""),
+            r.get("build_s"),
+            tuple(r.get("samples_ms", ())),
+            r.get("speedup"),
+            tuple(r.get("baseline_samples_ms", ())),
+            tuple(r["loadavg"]) if r.get("loadavg") else None,
+        )
         for r in d.get("rounds", ())
     )
     return Point(dict(d["route"]), rounds, d.get("invalid"), d.get("outputs"))

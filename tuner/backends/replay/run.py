@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tuner import job as J
 from tuner.backends.base import Feed, Runner
 from tuner.backends.replay.build import fail_if
 from tuner.backends.replay.landscape import Landscape, Point
 from tuner.measure.timing import summarize
-from tuner import job as J
 
 
 class VirtualClock:
@@ -44,8 +44,16 @@ CLOCK = VirtualClock()
 class ReplayRunner(Runner):
     """Answers like the recorded engine of one round: failures are re-enacted at the first call."""
 
-    def __init__(self, landscape: Landscape, point: Point, index: int, rng: np.random.Generator, deadline_s: float | None,
-                 drift_share: float = 1.0, in_process: bool = False) -> None:
+    def __init__(
+        self,
+        landscape: Landscape,
+        point: Point,
+        index: int,
+        rng: np.random.Generator,
+        deadline_s: float | None,
+        drift_share: float = 1.0,
+        in_process: bool = False,
+    ) -> None:
         self.landscape = landscape
         self.point = point
         self.round = point.rounds[index]

@@ -18,7 +18,9 @@ def replay_space(landscape: Landscape) -> SearchSpace:
     """The landscape's search space (same names, choices, defaults and order as recorded)."""
     routes = [p.route for p in landscape.points]
     params = tuple(
-        Param(d["name"], tuple(d["choices"]), d["default"], "recorded knob", when=_recorded_condition(d["name"], routes))
+        Param(
+            d["name"], tuple(d["choices"]), d["default"], "recorded knob", when=_recorded_condition(d["name"], routes)
+        )
         for d in landscape.space_params()
     )
     invalid = {p.key: p.invalid for p in landscape.points if p.invalid}

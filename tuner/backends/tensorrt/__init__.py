@@ -59,7 +59,9 @@ class TensorRTBackend(Backend):
         db = parse_knob_database(found["all_build_routes"])
         runtime = found["runtime"]
         return {
-            "gpt": f"{len(db.knobs)} knobs (tuner {db.tuner_version})" if db.knobs else "not available (all_build_routes is empty)",
+            "gpt": f"{len(db.knobs)} knobs (tuner {db.tuner_version})"
+            if db.knobs
+            else "not available (all_build_routes is empty)",
             "runtime": "engines built here run here" if runtime["runs"] else f"refused: {runtime['reason']}",
         }
 

@@ -25,7 +25,6 @@ from tuner.precision import VariantOptions, make_variant
 from tuner.space import Route
 
 
-
 class BuildTimeout(BuildError):
     """The progress monitor cancelled the build at the trial's deadline."""
 
@@ -53,7 +52,9 @@ def configure(trt: Any, features: Features, config: Any, route: Route, device: D
     if int(route["max_aux_streams"]) != UNSET:
         config.max_aux_streams = int(route["max_aux_streams"])
     if int(route["workspace_log2"]) != UNSET:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, min(1 << int(route["workspace_log2"]), device.free_bytes))
+        config.set_memory_pool_limit(
+            trt.MemoryPoolType.WORKSPACE, min(1 << int(route["workspace_log2"]), device.free_bytes)
+        )
     _flag(config, trt.BuilderFlag.TF32, bool(route["tf32"]))
     _flag(config, trt.BuilderFlag.SPARSE_WEIGHTS, bool(route["sparse_weights"]))
     config.avg_timing_iterations = int(route["avg_timing_iterations"])
@@ -98,7 +99,9 @@ def gpt_route(features: Features, config: Any, route: Route) -> str | None:
     return route_string
 
 
-def configure_recorded(trt: Any, features: Features, config: Any, route: Route, device: DeviceFacts) -> tuple[str | None, list[Call]]:
+def configure_recorded(
+    trt: Any, features: Features, config: Any, route: Route, device: DeviceFacts
+) -> tuple[str | None, list[Call]]:
     """`configure` and `gpt_route` on `config`, recorded (`recipe.RecordingConfig`): the route string and the calls made."""
     recording = RecordingConfig(config, trt)
     configure(trt, features, recording, route, device)
@@ -159,7 +162,9 @@ def _describe(error: Any) -> str:
     return f"{error.node_name() or '?'} ({error.node_operator() or '?'}): {error.desc()}"
 
 
-def add_profile(builder: Any, network: Any, config: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
+def add_profile(
+    builder: Any, network: Any, config: Any, shapes: dict[str, tuple[int, ...]]
+) -> dict[str, dict[str, Any]]:
     """One optimization profile with min = opt = max = the study's input shapes; what it set, per input.
 
     Each input's record has its `min`, `opt` and `max` shapes and whether the network left a dimension
@@ -173,7 +178,12 @@ def add_profile(builder: Any, network: Any, config: Any, shapes: dict[str, tuple
         if any(d < 0 for d in shape):
             raise BuildError(f"input {tensor.name} has dynamic shape {shape}; give its shape in [model] inputs")
         profile.set_shape(tensor.name, shape, shape, shape)
-        record[tensor.name] = {"min": list(shape), "opt": list(shape), "max": list(shape), "dynamic": any(d < 0 for d in tensor.shape)}
+        record[tensor.name] = {
+            "min": list(shape),
+            "opt": list(shape),
+            "max": list(shape),
+            "dynamic": any(d < 0 for d in tensor.shape),
+        }
     config.add_optimization_profile(profile)
     return record
 
@@ -211,8 +221,12 @@ def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> 
     trt, features = api.trt, api.features
     t0 = time.perf_counter()
     try:
-        variant = make_variant(ctx.model.path, VariantOptions(str(route["precision"]), str(route.get("keep_fp32", "none")), tensorrt_qdq=True),
-                               ctx.calibration, ctx.work_dir / "variants")
+        variant = make_variant(
+            ctx.model.path,
+            VariantOptions(str(route["precision"]), str(route.get("keep_fp32", "none")), tensorrt_qdq=True),
+            ctx.calibration,
+            ctx.work_dir / "variants",
+        )
     except Exception as exc:  # quantizers and converters raise many types; all mean "no such variant"
         raise BuildError(f"precision variant {route['precision']}: {type(exc).__name__}: {exc}") from exc
     logger = make_logger(trt)
@@ -238,8 +252,22 @@ def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> 
     kept_cache = timing_cache.save(config, sha)
     out.write_bytes(data)
     flags = network_flags(trt, features, route)
-    return Artifact(out, time.perf_counter() - t0, {
-        "sha256": sha, "variant": variant.name, "trt": api.label, "timing_cache": timing_cache.policy, "build_route": route_string,
-        "network_flags": flags, "builder": {"config": calls, "profile": profile, "strongly_typed": bool(flags),
-                                            "variant_path": str(variant), "timing_cache_file": str(kept_cache)},
-    })
+    return Artifact(
+        out,
+        time.perf_counter() - t0,
+        {
+            "sha256": sha,
+            "variant": variant.name,
+            "trt": api.label,
+            "timing_cache": timing_cache.policy,
+            "build_route": route_string,
+            "network_flags": flags,
+            "builder": {
+                "config": calls,
+                "profile": profile,
+                "strongly_typed": bool(flags),
+                "variant_path": str(variant),
+                "timing_cache_file": str(kept_cache),
+            },
+        },
+    )

@@ -58,13 +58,19 @@ class DeviceArray:
         """Copy `host` (same shape and dtype) to the device."""
         data = np.ascontiguousarray(host, dtype=self.dtype)
         rt = cudart()
-        call(rt.cudaMemcpy(self.ptr, data.ctypes.data, data.nbytes, rt.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy H2D")
+        call(
+            rt.cudaMemcpy(self.ptr, data.ctypes.data, data.nbytes, rt.cudaMemcpyKind.cudaMemcpyHostToDevice),
+            "cudaMemcpy H2D",
+        )
 
     def download(self) -> np.ndarray:
         """The device bytes as a new host array."""
         out = np.empty(self.shape, self.dtype)
         rt = cudart()
-        call(rt.cudaMemcpy(out.ctypes.data, self.ptr, out.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy D2H")
+        call(
+            rt.cudaMemcpy(out.ctypes.data, self.ptr, out.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost),
+            "cudaMemcpy D2H",
+        )
         return out
 
     def free(self) -> None:
@@ -79,7 +85,10 @@ class Graph:
 
     def __init__(self, stream: int, enqueue: Any) -> None:
         rt = cudart()
-        call(rt.cudaStreamBeginCapture(stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")
+        call(
+            rt.cudaStreamBeginCapture(stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal),
+            "cudaStreamBeginCapture",
+        )
         try:
             enqueue(stream)
         finally:

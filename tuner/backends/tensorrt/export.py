@@ -25,14 +25,26 @@ from tuner.errors import TunerError
 
 ENGINE, MODEL, CACHE, REBUILT = "engine.plan", "model.onnx", "timing.cache", "rebuilt.plan"
 # IBuilderConfig property -> trtexec flag taking its value as it is.
-SETTINGS = {"builder_optimization_level": "--builderOptimizationLevel", "max_num_tactics": "--maxTactics",
-            "max_aux_streams": "--maxAuxStreams", "avg_timing_iterations": "--avgTiming", "l2_limit_for_tiling": "--l2LimitForTiling",
-            "build_route": "--setBuildRoute"}
+SETTINGS = {
+    "builder_optimization_level": "--builderOptimizationLevel",
+    "max_num_tactics": "--maxTactics",
+    "max_aux_streams": "--maxAuxStreams",
+    "avg_timing_iterations": "--avgTiming",
+    "l2_limit_for_tiling": "--l2LimitForTiling",
+    "build_route": "--setBuildRoute",
+}
 # (set_flag | clear_flag, BuilderFlag member) -> trtexec flags (none where it is trtexec's default).
-FLAGS = {("set_flag", "TF32"): [], ("clear_flag", "TF32"): ["--noTF32"],
-         ("set_flag", "SPARSE_WEIGHTS"): ["--sparsity=enable"], ("clear_flag", "SPARSE_WEIGHTS"): [],
-         ("set_flag", "FP16"): ["--fp16"], ("set_flag", "BF16"): ["--bf16"], ("set_flag", "INT8"): ["--int8"], ("set_flag", "FP8"): ["--fp8"],
-         ("set_flag", "OBEY_PRECISION_CONSTRAINTS"): ["--precisionConstraints=obey"]}
+FLAGS = {
+    ("set_flag", "TF32"): [],
+    ("clear_flag", "TF32"): ["--noTF32"],
+    ("set_flag", "SPARSE_WEIGHTS"): ["--sparsity=enable"],
+    ("clear_flag", "SPARSE_WEIGHTS"): [],
+    ("set_flag", "FP16"): ["--fp16"],
+    ("set_flag", "BF16"): ["--bf16"],
+    ("set_flag", "INT8"): ["--int8"],
+    ("set_flag", "FP8"): ["--fp8"],
+    ("set_flag", "OBEY_PRECISION_CONSTRAINTS"): ["--precisionConstraints=obey"],
+}
 POOLS = {"WORKSPACE": "workspace", "TACTIC_SHARED_MEMORY": "tacticSharedMem"}  # MemoryPoolType -> trtexec's pool name
 
 
@@ -56,7 +68,12 @@ def shape_flags(inputs: Mapping[str, Mapping[str, Any]], kinds: tuple[str, ...] 
     trtexec refuses shapes for inputs the network fixes ("Static model does not take explicit shapes").
     """
     dynamic = {name: p for name, p in inputs.items() if p.get("dynamic")}
-    flags = {"min": ("--minShapes", "min"), "opt": ("--optShapes", "opt"), "max": ("--maxShapes", "max"), "run": ("--shapes", "opt")}
+    flags = {
+        "min": ("--minShapes", "min"),
+        "opt": ("--optShapes", "opt"),
+        "max": ("--maxShapes", "max"),
+        "run": ("--shapes", "opt"),
+    }
     out = []
     for kind in kinds if dynamic else ():
         flag, key = flags[kind]
@@ -83,7 +100,9 @@ def trtexec_flags(call: Call, features: Features) -> list[str]:
     if op == "call" and name == "set_tactic_sources":
         enabled = set(value[0]["tactic_sources"])
         return ["--tacticSources=" + ",".join(("+" if s in enabled else "-") + s for s in sources(features))]
-    raise TunerError(f"no trtexec spelling for the builder call {call!r}; not exporting a trtexec line that would leave it out")
+    raise TunerError(
+        f"no trtexec spelling for the builder call {call!r}; not exporting a trtexec line that would leave it out"
+    )
 
 
 def _python(value: Any) -> str:
@@ -96,12 +115,17 @@ def python_lines(call: Call) -> list[str]:
     if op == "set":
         lines = [f"config.{name} = {_python(value)}"]
         if name == "build_route":  # the setter discards TensorRT's verdict: read it back
-            lines += [f"if sorted(config.build_route.split()) != sorted({value!r}.split()):",
-                      "    raise SystemExit('TensorRT did not take the build route')"]
+            lines += [
+                f"if sorted(config.build_route.split()) != sorted({value!r}.split()):",
+                "    raise SystemExit('TensorRT did not take the build route')",
+            ]
         return lines
     if name == "set_tactic_sources":
         mask = " | ".join(f"1 << int(trt.TacticSource.{s})" for s in value[0]["tactic_sources"]) or "0"
-        return [f"if not config.set_tactic_sources({mask}):", "    raise SystemExit('TensorRT refused the tactic sources')"]
+        return [
+            f"if not config.set_tactic_sources({mask}):",
+            "    raise SystemExit('TensorRT refused the tactic sources')",
+        ]
     return [f"config.{name}({', '.join(_python(v) for v in value)})"]
 
 
@@ -169,14 +193,24 @@ if __name__ == "__main__":
 def build_script(recipe: Mapping[str, Any], label: str, has_cache: bool) -> str:
     """build_engine.py for a recorded build."""
     body = [line for call in recipe["config"] for line in python_lines(call)] or ["pass"]
-    profile = [f"profile.set_shape({name!r}, {tuple(p['min'])!r}, {tuple(p['opt'])!r}, {tuple(p['max'])!r})"
-               for name, p in recipe["profile"].items()]
+    profile = [
+        f"profile.set_shape({name!r}, {tuple(p['min'])!r}, {tuple(p['opt'])!r}, {tuple(p['max'])!r})"
+        for name, p in recipe["profile"].items()
+    ]
     flavor = features_of(label).flavor
     return BUILD_SCRIPT.format(
-        label=label, module=flavor, model=MODEL, engine=ENGINE, cache=CACHE, rebuilt=REBUILT,
+        label=label,
+        module=flavor,
+        model=MODEL,
+        engine=ENGINE,
+        cache=CACHE,
+        rebuilt=REBUILT,
         cache_note="" if has_cache else " (an empty cache: none was kept with this trial)",
-        configure="\n".join(f"    {line}" for line in body), profile="\n".join(f"    {line}" for line in profile),
-        network_flags="1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)" if recipe.get("strongly_typed") else "0",
+        configure="\n".join(f"    {line}" for line in body),
+        profile="\n".join(f"    {line}" for line in profile),
+        network_flags="1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)"
+        if recipe.get("strongly_typed")
+        else "0",
     )
 
 
@@ -208,9 +242,13 @@ def deployment(request: ExportRequest) -> Deployment:
     info = request.build_info
     label, recipe = str(info.get("trt", "")), info.get("builder")
     if not recipe:
-        return Deployment(artifact_name=ENGINE, notes=[
-            "This trial was built before the tuner recorded its builder calls: no trtexec line or build script. "
-            "Rebuild the route with the tuner (reproduce.sh says how) to get them."])
+        return Deployment(
+            artifact_name=ENGINE,
+            notes=[
+                "This trial was built before the tuner recorded its builder calls: no trtexec line or build script. "
+                "Rebuild the route with the tuner (reproduce.sh says how) to get them."
+            ],
+        )
     variant, kept = Path(str(recipe.get("variant_path", ""))), Path(str(recipe.get("timing_cache_file", "")))
     has_cache = kept.is_file()
     features = features_of(label)
@@ -218,31 +256,48 @@ def deployment(request: ExportRequest) -> Deployment:
     line = trtexec_line(recipe, label, has_cache, cuda_graph)
     files: dict[str, str | bytes | Path] = {
         "trtexec.sh": f"#!/bin/sh\n# Rebuilds {ENGINE}'s route from {MODEL} with trtexec ({label}) and times the result.\n"
-                      f"set -eu\ncd \"$(dirname \"$0\")\"\n{_shell(line)}\n",
+        f'set -eu\ncd "$(dirname "$0")"\n{_shell(line)}\n',
         "build_engine.py": build_script(recipe, label, has_cache),
     }
     if variant.is_file():
         files[MODEL] = variant
     if has_cache:
         files[CACHE] = kept
-    notes = [f"Deploy {ENGINE} itself: TensorRT times tactics anew on every build, and may override a pinned GPT knob, "
-             "so a rebuild can differ."]
+    notes = [
+        f"Deploy {ENGINE} itself: TensorRT times tactics anew on every build, and may override a pinned GPT knob, "
+        "so a rebuild can differ."
+    ]
     if features.rtx:
-        notes.append("Built with TensorRT-RTX: trtexec.sh is written in enterprise TensorRT's trtexec spelling; "
-                     "TensorRT-RTX's own command-line tool was not checked against it. build_engine.py uses the tensorrt_rtx module.")
+        notes.append(
+            "Built with TensorRT-RTX: trtexec.sh is written in enterprise TensorRT's trtexec spelling; "
+            "TensorRT-RTX's own command-line tool was not checked against it. build_engine.py uses the tensorrt_rtx module."
+        )
     if not variant.is_file():
-        notes.append(f"The ONNX file the engine was built from ({variant.name}) is no longer in the work dir: trtexec.sh and "
-                     f"build_engine.py need it as {MODEL}.")
-    run = ["trtexec", f"--loadEngine={ENGINE}", *shape_flags(recipe["profile"], ("run",)), *inference_flags(features, cuda_graph)]
+        notes.append(
+            f"The ONNX file the engine was built from ({variant.name}) is no longer in the work dir: trtexec.sh and "
+            f"build_engine.py need it as {MODEL}."
+        )
+    run = [
+        "trtexec",
+        f"--loadEngine={ENGINE}",
+        *shape_flags(recipe["profile"], ("run",)),
+        *inference_flags(features, cuda_graph),
+    ]
     return Deployment(
-        artifact_name=ENGINE, files=files, executables=("trtexec.sh", "build_engine.py"),
-        about={"trtexec.sh": "the trtexec line that rebuilds the engine: shapes, builder options, tactic sources, build route, "
-                             "timing cache", "build_engine.py": "the same build through the TensorRT Python API",
-               MODEL: "the ONNX file (precision variant) the engine was built from", CACHE: "the timing cache the build left"},
+        artifact_name=ENGINE,
+        files=files,
+        executables=("trtexec.sh", "build_engine.py"),
+        about={
+            "trtexec.sh": "the trtexec line that rebuilds the engine: shapes, builder options, tactic sources, build route, "
+            "timing cache",
+            "build_engine.py": "the same build through the TensorRT Python API",
+            MODEL: "the ONNX file (precision variant) the engine was built from",
+            CACHE: "the timing cache the build left",
+        },
         commands=[" ".join(shlex.quote(a) for a in run)],
         needs=f"TensorRT {features.version}'s trtexec on PATH (NVIDIA's TensorRT container or tarball; the pip wheels have no trtexec); "
-              f"build_engine.py needs the `{features.flavor}` Python package of that version",
+        f"build_engine.py needs the `{features.flavor}` Python package of that version",
         run=f"`sh reproduce.sh` times {ENGINE} as it was measured; `sh trtexec.sh` rebuilds it with trtexec, "
-            "`python3 build_engine.py` with the Python API.",
+        "`python3 build_engine.py` with the Python API.",
         notes=notes,
     )

@@ -61,7 +61,9 @@ class KnobDatabase:
         for k in self.knobs:
             if k.option == wanted:
                 return k
-        raise TunerError(f"backend.options.gpt_knobs: unknown knob {option!r} (tuner {self.tuner_version} has {len(self.knobs)} knobs)")
+        raise TunerError(
+            f"backend.options.gpt_knobs: unknown knob {option!r} (tuner {self.tuner_version} has {len(self.knobs)} knobs)"
+        )
 
 
 EMPTY = KnobDatabase("", ())
@@ -76,7 +78,9 @@ def parse_knob_database(text: str) -> KnobDatabase:
         knobs = tuple(_knob(entry) for entry in data["tuner_options"])
         return KnobDatabase(str(data.get("tuner_version", "")), knobs)
     except (ValueError, KeyError, TypeError) as exc:
-        raise TunerError(f"TensorRT's all_build_routes is not the expected knob-database JSON ({type(exc).__name__}: {exc})") from exc
+        raise TunerError(
+            f"TensorRT's all_build_routes is not the expected knob-database JSON ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _knob(entry: Mapping[str, Any]) -> Knob:
@@ -115,12 +119,16 @@ def _listed(knob: Knob, value: Any) -> Param:
         if knob.values is not None:
             bad = [v for v in values if v not in knob.values]
             if bad:
-                raise TunerError(f"backend.options.gpt_knobs: {knob.option} has no value(s) {bad}; allowed {list(knob.values)}")
+                raise TunerError(
+                    f"backend.options.gpt_knobs: {knob.option} has no value(s) {bad}; allowed {list(knob.values)}"
+                )
         choices = tuple(dict.fromkeys([knob.default, *values]))
         return Param(PREFIX + knob.option, choices, knob.default, _help(knob))
     fixed = str(value)
     if knob.values is not None and fixed not in knob.values:
-        raise TunerError(f"backend.options.gpt_knobs: {knob.option} has no value {fixed!r}; allowed {list(knob.values)}")
+        raise TunerError(
+            f"backend.options.gpt_knobs: {knob.option} has no value {fixed!r}; allowed {list(knob.values)}"
+        )
     return Param(PREFIX + knob.option, (fixed,), fixed, f"fixed by the study file; {_help(knob)}")
 
 
@@ -148,9 +156,15 @@ def apply_route(config: Any, route: str) -> None:
     taken = str(config.build_route)
     if tokens(taken) != tokens(route):
         missing = sorted(set(tokens(route).items()) - set(tokens(taken).items()))
-        raise RouteRejected(f"TensorRT did not take the build route: {len(missing)} token(s) differ, e.g. {' '.join(f'{k}={v}' for k, v in missing[:3])}")
+        raise RouteRejected(
+            f"TensorRT did not take the build route: {len(missing)} token(s) differ, e.g. {' '.join(f'{k}={v}' for k, v in missing[:3])}"
+        )
 
 
 def study_attrs(db: KnobDatabase) -> dict[str, Any]:
     """What a study records about the knob database it was created with."""
-    return {"gpt_tuner_version": db.tuner_version or None, "gpt_default_build_route": db.default_route(), "gpt_knobs": len(db.knobs)}
+    return {
+        "gpt_tuner_version": db.tuner_version or None,
+        "gpt_default_build_route": db.default_route(),
+        "gpt_knobs": len(db.knobs),
+    }

@@ -18,7 +18,12 @@ def gpu_fingerprint() -> dict[str, Any]:
     if smi is None:
         return {}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    cmd = [smi, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits", *(["-i", visible] if visible else [])]
+    cmd = [
+        smi,
+        f"--query-gpu={','.join(FIELDS)}",
+        "--format=csv,noheader,nounits",
+        *(["-i", visible] if visible else []),
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.strip().splitlines()
     except (OSError, subprocess.SubprocessError):
@@ -26,4 +31,9 @@ def gpu_fingerprint() -> dict[str, Any]:
     if not out:
         return {}
     name, driver, cc, memory = (v.strip() for v in out[0].split(","))
-    return {"gpu": name, "driver": driver, "compute_capability": cc, "memory_mib": int(float(memory)) if memory.replace(".", "").isdigit() else memory}
+    return {
+        "gpu": name,
+        "driver": driver,
+        "compute_capability": cc,
+        "memory_mib": int(float(memory)) if memory.replace(".", "").isdigit() else memory,
+    }

@@ -46,9 +46,12 @@ def _tiny_onnx(path: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -68,14 +71,22 @@ def _runtime_check(api: TrtApi) -> dict[str, Any]:
     config = builder.create_builder_config()
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        return {"builds": False, "runs": False, "reason": logged_errors(logger) or "build_serialized_network returned None"}
+        return {
+            "builds": False,
+            "runs": False,
+            "reason": logged_errors(logger) or "build_serialized_network returned None",
+        }
     runtime = trt.Runtime(logger)
     try:
         engine = runtime.deserialize_cuda_engine(bytes(memoryview(serialized)))
     except Exception as exc:  # a refusal may raise instead of returning None
         return {"builds": True, "runs": False, "reason": f"{type(exc).__name__}: {exc}"}
     if engine is None:
-        return {"builds": True, "runs": False, "reason": logged_errors(logger) or "deserialize_cuda_engine returned None"}
+        return {
+            "builds": True,
+            "runs": False,
+            "reason": logged_errors(logger) or "deserialize_cuda_engine returned None",
+        }
     return {"builds": True, "runs": True, "reason": ""}
 
 

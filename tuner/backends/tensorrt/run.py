@@ -18,7 +18,15 @@ from tuner.backends.tensorrt.cuda import DeviceArray, Graph
 from tuner.backends.tensorrt.version import TrtApi
 
 # DataType member names -> numpy dtypes for I/O tensors (our variants keep fp32 I/O; see keep_io_types).
-DTYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT32": np.int32, "INT64": np.int64, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
+DTYPES = {
+    "FLOAT": np.float32,
+    "HALF": np.float16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "INT8": np.int8,
+    "UINT8": np.uint8,
+    "BOOL": np.bool_,
+}
 
 
 def verified_bytes(artifact: Artifact) -> bytes:
@@ -26,7 +34,9 @@ def verified_bytes(artifact: Artifact) -> bytes:
     data = artifact.path.read_bytes()
     expected = artifact.info.get("sha256")
     if expected and hashlib.sha256(data).hexdigest() != expected:
-        raise RuntimeError(f"{artifact.path.name}: sha256 differs from the recorded {str(expected)[:16]}...; not deserializing it")
+        raise RuntimeError(
+            f"{artifact.path.name}: sha256 differs from the recorded {str(expected)[:16]}...; not deserializing it"
+        )
     return data
 
 
@@ -44,10 +54,14 @@ class TrtRunner(Runner):
         except Exception as exc:  # the bindings raise on some refusals instead of returning None
             raise RuntimeRefused(f"{api.label} refused to deserialize the engine: {type(exc).__name__}: {exc}") from exc
         if engine is None:
-            raise RuntimeRefused(f"{api.label} refused to deserialize the engine on this GPU: {logged_errors(self.logger) or 'no error logged'}")
+            raise RuntimeRefused(
+                f"{api.label} refused to deserialize the engine on this GPU: {logged_errors(self.logger) or 'no error logged'}"
+            )
         context = engine.create_execution_context()
         if context is None:
-            raise RuntimeRefused(f"{api.label} could not create an execution context: {logged_errors(self.logger) or 'no error logged'}")
+            raise RuntimeRefused(
+                f"{api.label} could not create an execution context: {logged_errors(self.logger) or 'no error logged'}"
+            )
         self.runtime, self.engine, self.context = runtime, engine, context
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -69,7 +83,9 @@ class TrtRunner(Runner):
         context = self.context
         for name in self.inputs:
             context.set_input_shape(name, tuple(feed[name].shape))
-        shapes = {n: tuple(feed[n].shape) for n in self.inputs} | {n: tuple(context.get_tensor_shape(n)) for n in self.outputs}
+        shapes = {n: tuple(feed[n].shape) for n in self.inputs} | {
+            n: tuple(context.get_tensor_shape(n)) for n in self.outputs
+        }
         for name, shape in shapes.items():
             buf = self.buffers.get(name)
             if buf is None or buf.shape != shape:
@@ -127,8 +143,13 @@ class TrtRunner(Runner):
 
     def timing_info(self) -> dict[str, Any]:
         info = dict(self.timer.info()) if self.timer is not None else {}
-        return {**info, "clock": "cuda-events", "engine_runtime": self.api.label, "cuda_graph": self.graph is not None,
-                **({"cuda_graph_error": self.graph_error} if self.graph_error else {})}
+        return {
+            **info,
+            "clock": "cuda-events",
+            "engine_runtime": self.api.label,
+            "cuda_graph": self.graph is not None,
+            **({"cuda_graph_error": self.graph_error} if self.graph_error else {}),
+        }
 
     def release(self) -> None:
         if self.graph is not None:

@@ -16,9 +16,16 @@ from tuner.errors import MissingLibrary, first_line
 
 # Import names tried in order: the PyPI `tensorrt` package, its bare bindings, then TensorRT-RTX.
 # TensorRT is not among route-tuner's extras ("tensorrt" brings cuda-python only): NVIDIA ships it.
-WHERE_FROM = ("TensorRT comes from NVIDIA: its `tensorrt` wheel (pip install tensorrt, from NVIDIA's package index) "
-              "or NVIDIA's TensorRT container (the Dockerfile here builds on it); then pip install 'route-tuner[tensorrt]'")
-MODULES = (("tensorrt", "tensorrt"), ("tensorrt_bindings", "tensorrt"), ("tensorrt_rtx", "tensorrt_rtx"), ("tensorrt_rtx_bindings", "tensorrt_rtx"))
+WHERE_FROM = (
+    "TensorRT comes from NVIDIA: its `tensorrt` wheel (pip install tensorrt, from NVIDIA's package index) "
+    "or NVIDIA's TensorRT container (the Dockerfile here builds on it); then pip install 'route-tuner[tensorrt]'"
+)
+MODULES = (
+    ("tensorrt", "tensorrt"),
+    ("tensorrt_bindings", "tensorrt"),
+    ("tensorrt_rtx", "tensorrt_rtx"),
+    ("tensorrt_rtx_bindings", "tensorrt_rtx"),
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,7 @@ class Features:
     @property
     def release(self) -> tuple[int, int]:
         """(major, minor) of the version string."""
-        major, minor, *_ = (self.version.split(".") + ["0", "0"])
+        major, minor, *_ = self.version.split(".") + ["0", "0"]
         return int(major), int(minor)
 
     @property
@@ -89,4 +96,6 @@ def load_trt() -> TrtApi:
             reasons.append(f"{name}: {first_line(exc, type(exc).__name__)}")
             continue
         return TrtApi(module, Features(flavor, str(module.__version__)))
-    raise MissingLibrary(f"no TensorRT module is importable (tried {', '.join(n for n, _ in MODULES)}); {reasons[0]}. {WHERE_FROM}")
+    raise MissingLibrary(
+        f"no TensorRT module is importable (tried {', '.join(n for n, _ in MODULES)}); {reasons[0]}. {WHERE_FROM}"
+    )
