@@ -102,7 +102,8 @@ def identical_landscape(name: str, source: Landscape, truth: Truth) -> tuple[Lan
 
 
 def replay_study(truth: Truth, seed: int, trials: int) -> dict[str, Any]:
-    """One A/A study as `tuner run` makes it (the simulation runner: the real sampler, trials, racing and confirmation)."""
+    """One A/A study as `tuner run` makes it (the simulation runner: the real sampler, trials, racing and
+    confirmation)."""
     with tempfile.TemporaryDirectory(prefix="aa-replay-") as tmp:
         sim = Simulation(truth, sampler_for(RunSpec(budget=trials), seed, truth.space), Path(tmp), seed=seed)
         sim.run(trials)
@@ -213,7 +214,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(cpu_study(tmp, i, args))
             r = rows[-1]
             print(
-                f"study {i}: {r['verdict']} (study's own estimate {r['study_speedup']}, {r['wall_s']} s, load {r['loadavg_1min_after']})",
+                f"study {i}: {r['verdict']} (study's own estimate {r['study_speedup']}, {r['wall_s']} s, load "
+                f"{r['loadavg_1min_after']})",
                 flush=True,
             )
     return {
@@ -223,8 +225,8 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         "workers": 1,
         "confirm_top_k": args.top_k,
         "timing_cap_s": args.timing_cap_s,
-        "timing_lock": "private to this benchmark ($TUNER_LOCK_DIR): its timings were exclusive among its own processes, "
-        "not against the other jobs sharing the machine (see loadavg)",
+        "timing_lock": "private to this benchmark ($TUNER_LOCK_DIR): its timings were exclusive among its own "
+        "processes, not against the other jobs sharing the machine (see loadavg)",
         **_rates(rows),
         "machine": _machine(load_before, t0),
         "studies_detail": rows,
@@ -345,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     write_part(part, doc, args.out)
     print(
         f"{part}: {doc['reported_speedup']}/{doc['studies']} A/A studies reported a speedup "
-        f"({doc['false_win_rate']:.1%}, 95% CI {doc['false_win_rate_ci95'][0]:.1%}-{doc['false_win_rate_ci95'][1]:.1%}; target <= {TARGET:.0%}); "
-        f"the study's own estimate was above 1.0 in {doc['study_estimate_above_1']} (max {doc['study_estimate_max']}x)"
+        f"({doc['false_win_rate']:.1%}, 95% CI "
+        f"{doc['false_win_rate_ci95'][0]:.1%}-{doc['false_win_rate_ci95'][1]:.1%}; target <= {TARGET:.0%}); the "
+        f"study's own estimate was above 1.0 in {doc['study_estimate_above_1']} (max {doc['study_estimate_max']}x)"
     )
     return 0 if doc["met"] else 1
 

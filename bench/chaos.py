@@ -570,7 +570,8 @@ class Seed:
         return {"skipped": "trial 0 was never leased"}
 
     def stop_in_lock(self) -> dict[str, Any]:
-        """SIGSTOP a worker while it holds the study lock and a trial (inside reserve or tell) until that trial is reaped."""
+        """SIGSTOP a worker while it holds the study lock and a trial (inside reserve or tell) until that trial is
+        reaped."""
         key = lock_key(f"route-tuner:chaos-{self.seed}")
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
@@ -716,7 +717,8 @@ class Seed:
         return {"files_held": int(done.stdout.strip()), "timeouts_meanwhile": self.timeouts() - before}
 
     def gc_during_racing(self) -> dict[str, Any]:
-        """`tuner gc --yes` while a leader is being re-measured (or, if none is within a minute, while the study runs)."""
+        """`tuner gc --yes` while a leader is being re-measured (or, if none is within a minute, while the study
+        runs)."""
         deadline = time.monotonic() + 60
         claimed = False
         while not claimed and time.monotonic() < deadline:
@@ -747,7 +749,8 @@ class Seed:
         while waiting < 2 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
             with holder.cursor() as cur:
                 cur.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND "
+                    "objid = %s",
                     ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
                 )
                 waiting = int(cur.fetchone()[0])

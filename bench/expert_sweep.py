@@ -283,7 +283,8 @@ def table(doc: dict[str, Any]) -> str:
             sp = f"{row['speedup']:.2f}x ({row['ci95'][0]:.2f}–{row['ci95'][1]:.2f})" if "speedup" in row else "1.00x"
             ok = "reference" if row["recipe"] == "default" else "ok" if row.get("feasible") else "**breaks tolerance**"
             lines.append(
-                f"| {r['model']} | {row['recipe']} | {row['median_ms']:.2f} | {sp} | {row.get('accuracy', 0):.4g} ≤ {r['tolerance']:g}: {ok} |"
+                f"| {r['model']} | {row['recipe']} | {row['median_ms']:.2f} | {sp} | {row.get('accuracy', 0):.4g} ≤ "
+                f"{r['tolerance']:g}: {ok} |"
             )
     return "\n".join(lines)
 

@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     runs.append(row)
                     print(
-                        f"{scenario} {'loaded' if loaded else 'quiet'}: {row['wall_s']} s, {row['trials_reached']} trials, "
-                        f"{row['verdict']} {row['speedup']}",
+                        f"{scenario} {'loaded' if loaded else 'quiet'}: {row['wall_s']} s, {row['trials_reached']} "
+                        f"trials, {row['verdict']} {row['speedup']}",
                         flush=True,
                     )
             quiet, loaded_runs = ([r for r in runs if r["loaded"] is flag] for flag in (False, True))

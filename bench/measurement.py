@@ -84,7 +84,8 @@ def database(admin: str) -> str:
 def run_config(
     code: Path, label: str, workers: int, trials: int, admin: str, tmp: Path, confirm: bool = True
 ) -> dict[str, Any]:
-    """Run the study with `code` and `workers`, confirm (unless told not to: cost only), and measure agreement and cost."""
+    """Run the study with `code` and `workers`, confirm (unless told not to: cost only), and measure agreement and
+    cost."""
     name = f"bench-{label}-{workers}w"
     spec = study_file(code, tmp / name, name)
     url = database(admin)
@@ -267,8 +268,9 @@ def _s(v: Any) -> str:
 def table(doc: dict[str, Any]) -> str:
     """The Markdown table of the document's figures, for docs/benchmarks.md."""
     lines = [
-        "| run | study speedup (best) | side by side (confirmation) | study / side by side | winner's between-round CV | "
-        "timing per trial (median) | lock wait, warm-up + measuring (median) | timing share of trial wall | load average (1 min) during trials |",
+        "| run | study speedup (best) | side by side (confirmation) | study / side by side | winner's between-round "
+        "CV | timing per trial (median) | lock wait, warm-up + measuring (median) | timing share of trial wall | load "
+        "average (1 min) during trials |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, c in doc.get("configs", {}).items():
@@ -280,8 +282,9 @@ def table(doc: dict[str, Any]) -> str:
         )
         parts = (c.get("lock_wait_s_median"), c.get("warmup_and_measuring_s_median"))
         lines.append(
-            f"| {key}, {c.get('trials')} trials | {_x(c.get('study_speedup'))} | {_x(c.get('confirm_speedup_same_trial'))} | "
-            f"{_diff(c.get('agreement'))} | {_pct(c.get('winner_between_round_cv'))} | {_s(c.get('timing_s_per_trial_median'))} | "
+            f"| {key}, {c.get('trials')} trials | {_x(c.get('study_speedup'))} | "
+            f"{_x(c.get('confirm_speedup_same_trial'))} | {_diff(c.get('agreement'))} | "
+            f"{_pct(c.get('winner_between_round_cv'))} | {_s(c.get('timing_s_per_trial_median'))} | "
             f"{_s(parts[0]) if parts[0] is not None else '-'}, {_s(parts[1]) if parts[1] is not None else '-'} | "
             f"{_pct(c.get('timing_share_of_wall'))} | {load} |"
         )
@@ -290,9 +293,10 @@ def table(doc: dict[str, Any]) -> str:
         a = h.get("agreement") or {}
         w = h.get("winner_trial_timing") or {}
         lines.append(
-            f"| H200 Inductor, 1 GPU, 2 trials | {_x(a.get('study_speedup'))} | {_x(a.get('side_by_side_rounds_speedup'))} rounds, "
-            f"{_x(a.get('side_by_side_paired_speedup'))} paired | {_diff(a.get('study_vs_rounds'))} | {_pct(a.get('winner_between_round_cv'))} "
-            f"(paired interval ±{_pct(w.get('halfwidth'))}) | {_s((h.get('winner_phase_s') or {}).get('time'))} | "
+            f"| H200 Inductor, 1 GPU, 2 trials | {_x(a.get('study_speedup'))} | "
+            f"{_x(a.get('side_by_side_rounds_speedup'))} rounds, {_x(a.get('side_by_side_paired_speedup'))} paired | "
+            f"{_diff(a.get('study_vs_rounds'))} | {_pct(a.get('winner_between_round_cv'))} (paired interval "
+            f"±{_pct(w.get('halfwidth'))}) | {_s((h.get('winner_phase_s') or {}).get('time'))} | "
             f"{_s(w.get('lock_wait_s'))}, {_s(w.get('seconds'))} | - | {w.get('loadavg_before', ['-'])[0]} |"
         )
     return "\n".join(lines)

@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--idle-build",
         action="store_true",
-        help="builds leave the host's cores free (CPU timings do not wait for them); default: they hold them like a compiler",
+        help="builds leave the host's cores free (CPU timings do not wait for them); default: they hold them like a "
+        "compiler",
     )
     p.add_argument(
         "--fresh-children",
@@ -249,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 r = runs[-1]
                 print(
-                    f"rep {rep + 1} workers {n}: {r['wall_s']} s end to end, overhead incl. tell {r['overhead_incl_tell_s_median']} s, "
-                    f"load {r['loadavg_before'][0]}->{r['loadavg_after'][0]}, host busy {r['host_cpu_busy']:.0%}",
+                    f"rep {rep + 1} workers {n}: {r['wall_s']} s end to end, overhead incl. tell "
+                    f"{r['overhead_incl_tell_s_median']} s, load {r['loadavg_before'][0]}->{r['loadavg_after'][0]}, "
+                    f"host busy {r['host_cpu_busy']:.0%}",
                     flush=True,
                 )
     doc = {
@@ -275,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in doc["rows"]:
         e, w = r["speedup_end_to_end"], r["speedup_window"]
         print(
-            f"{r['workers']:>7} {e['median']:>8} [{e['min']}–{e['max']}] {w['median']:>6} {r['overhead_incl_tell_s_median']:>10} s"
+            f"{r['workers']:>7} {e['median']:>8} [{e['min']}–{e['max']}] {w['median']:>6} "
+            f"{r['overhead_incl_tell_s_median']:>10} s"
         )
     return 0
 

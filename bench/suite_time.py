@@ -18,7 +18,8 @@
 Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys; failed
 tests by name; a top-level `latest` with the wall and CPU seconds and the commit of the last run of the
 documented command, `make test`'s worker count) and each run's output to $TMPDIR/suite-time.log-N.
-Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup] [--against e6d79eb --rounds 2 [--deselect TEST ...]]
+Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup]
+       [--against e6d79eb --rounds 2 [--deselect TEST ...]]
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ def _next_build(marker_dir: Path) -> int:
 
 
 def _worker() -> int:
-    """The pid of the worker that runs this child: its parent, or, for a child forked by the worker's server, the starter."""
+    """The pid of the worker that runs this child: its parent, or, for a child forked by the worker's server, the
+    starter."""
     return int(os.environ.get(STARTER_ENV) or os.getppid())
 
 
@@ -102,7 +103,8 @@ class FaultBackend(OnnxRuntimeBackend):
 
 
 class OtherHostBackend(OnnxRuntimeBackend):
-    """ONNX Runtime whose device fingerprint names the CPU `$TUNER_TEST_CPU`: a stand-in for a host with other hardware."""
+    """ONNX Runtime whose device fingerprint names the CPU `$TUNER_TEST_CPU`: a stand-in for a host with other
+    hardware."""
 
     def device(self) -> dict[str, Any]:
         return {**super().device(), "cpu": os.environ.get("TUNER_TEST_CPU", "test cpu")}
@@ -177,7 +179,8 @@ class ClosingBackend(OnnxRuntimeBackend):
 
 
 class ChattyBackend(OnnxRuntimeBackend):
-    """ONNX Runtime whose build prints one line, so every trial that builds leaves a child log for the worker to upload."""
+    """ONNX Runtime whose build prints one line, so every trial that builds leaves a child log for the worker to
+    upload."""
 
     name = "chatty"
 

@@ -145,7 +145,8 @@ def write_spec(tmp_path: Path, tiny_model: Path) -> SpecWriter:
             "model": {"path": str(tiny_model)},
             "data": {"samples": 4, "gate_samples": 2},
             "accuracy": {"metric": "cosine", "tolerance": 0.001},
-            # The suite runs on shared, busy machines: contention is recorded, not acted on (tests of "exclusive" set it).
+            # The suite runs on shared, busy machines: contention is recorded, not acted on
+            # (tests of "exclusive" set it).
             "objective": {
                 "warmup_s": 0.0,
                 "min_repeats": 5,

@@ -122,7 +122,8 @@ runpy.run_module("tuner", run_name="__main__")
 
 
 def _without(modules: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a process where `modules` (comma-separated) cannot be imported, as where they are not installed."""
+    """The real CLI in a process where `modules` (comma-separated) cannot be imported, as where they are not
+    installed."""
     return subprocess.run(
         [sys.executable, "-c", BLOCKED, modules, *args],
         capture_output=True,
@@ -164,7 +165,8 @@ def test_a_bad_study_file_writes_nothing(write_spec, pg_url) -> None:
     err = _fails_cleanly(tuner("run", str(spec), "--storage", pg_url), spec.name, "backend.options.bogus")
     assert (
         err
-        == f"error: {spec}: backend.options.bogus: unknown option of the onnxruntime backend; it takes: model_type, num_heads, hidden_size"
+        == f"error: {spec}: backend.options.bogus: unknown option of the onnxruntime backend; it takes: model_type, "
+        "num_heads, hidden_size"
     )
     assert _tables(pg_url) == []
     assert not (spec.parent / ".tuner").exists()

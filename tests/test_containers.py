@@ -131,7 +131,8 @@ def test_hadolint_finds_nothing() -> None:
 
 
 def test_a_wheel_carries_the_migrations_and_builds_without_warnings(tmp_path: Path) -> None:
-    """A non-editable install (`pip install route-tuner`) must hold everything the services run, and say nothing alarming."""
+    """A non-editable install (`pip install route-tuner`) must hold everything the services run, and say nothing
+    alarming."""
     env = {
         k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"
     }  # its "byte-compiling is disabled" notes

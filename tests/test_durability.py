@@ -47,7 +47,8 @@ def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(write_spec, pg_u
 
 def test_segfault_and_hang_are_classified_and_the_worker_goes_on(write_spec, sqlite_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
-    # The timeout ends the hang; the working trial may wait for other tests' timings (the run's shared locks): 15 s, not 3.
+    # The timeout ends the hang; the working trial may wait for other tests' timings (the run's shared locks):
+    # 15 s, not 3.
     spec = write_spec(
         **{
             "backend.name": FAULT,

@@ -137,7 +137,8 @@ def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half
 def test_the_bundled_models_exported_int8_route_runs_with_only_onnxruntime_and_numpy(
     tmp_path: Path, sqlite_url: str
 ) -> None:
-    """The bundled EfficientNet-Lite0: its default route and ONNX Runtime's recommended int8 recipe, the latter exported."""
+    """The bundled EfficientNet-Lite0: its default route and ONNX Runtime's recommended int8 recipe, the latter
+    exported."""
     models = REPO / "models"
     spec = tmp_path / "effnet.toml"
     spec.write_text(f"""[study]

@@ -35,7 +35,8 @@ SPACE = {
     "intra_op_threads": [0],
     "cpu_mem_arena": [True],
     "mem_pattern": [True],
-    # the int8 knobs at their defaults (reduce_range's follows this CPU's VNNI) but per-channel (ONNX Runtime's int8 routes grew them; 50 routes otherwise)
+    # the int8 knobs at their defaults (reduce_range's follows this CPU's VNNI) but per-channel
+    # (ONNX Runtime's int8 routes grew them; 50 routes otherwise)
     "quant_types": ["U8S8"],
     "quant_format": ["qdq"],
     "activation_symmetric": [False],
@@ -129,9 +130,11 @@ def test_recorded_outputs_reproduce_the_childs_own_accuracy(recorded) -> None:
 
 
 def test_tests_of_the_recorded_landscape_share_one_worker(recorded, request: pytest.FixtureRequest) -> None:
-    """Under `make test` (pytest-xdist, --dist loadgroup) they carry their group, so the landscape is recorded once per run.
+    """Under `make test` (pytest-xdist, --dist loadgroup) they carry their group, so the landscape is recorded
+    once per run.
 
-    pytest 9.2 silently dropped the group (a known pytest-xdist bug, #1386 in its tracker), hence pytest < 9.2 in the dev extra.
+    pytest 9.2 silently dropped the group (a known pytest-xdist bug, #1386 in its tracker), hence pytest < 9.2
+    in the dev extra.
     """
     if request.config.getoption("dist", "no") == "no" and not request.config.getoption("loadgroup", False):
         pytest.skip("not run by pytest-xdist with --dist loadgroup")

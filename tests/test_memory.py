@@ -1,4 +1,5 @@
-"""Peak memory while an engine loads and runs (`tuner.measure.memory`), read for real, and `[objective] max_memory_mb`."""
+"""Peak memory while an engine loads and runs (`tuner.measure.memory`), read for real, and `[objective]
+max_memory_mb`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""One declaration per objective setting: the loader, the job, the cache key and the resume fingerprint all follow it."""
+"""One declaration per objective setting: the loader, the job, the cache key and the resume fingerprint all follow
+it."""
 
 from __future__ import annotations
 

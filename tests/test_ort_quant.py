@@ -65,7 +65,8 @@ def paddle_like(path: Path) -> Path:
 
 
 def weight_input_model(path: Path) -> Path:
-    """A CNN whose Conv weight is a graph input: no preparation makes it an initializer, so dynamic int8 fails (its bias)."""
+    """A CNN whose Conv weight is a graph input: no preparation makes it an initializer, so dynamic int8 fails (its
+    bias)."""
     fc = numpy_helper.from_array(RNG.normal(0, 0.3, (4, 10)).astype(np.float32), "fc.w")
     bias = numpy_helper.from_array(RNG.normal(0, 0.1, (4,)).astype(np.float32), "b")
     nodes = [

@@ -34,7 +34,8 @@ def engine(
     level: Callable[[float], float] = lambda t: 1.0,
     cold_calls: int = 0,
 ) -> P.BlockFn:
-    """A simulated engine: `ms` per call times the machine level at that moment, log-normal noise, a cold start decaying over `cold_calls`."""
+    """A simulated engine: `ms` per call times the machine level at that moment, log-normal noise, a cold start decaying
+    over `cold_calls`."""
     rng = np.random.default_rng(seed)
     state = {"calls": 0}
 

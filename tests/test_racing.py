@@ -1,4 +1,5 @@
-"""Racing and pruning decisions, the baseline gate across real processes, and a real study whose trials carry paired ratios."""
+"""Racing and pruning decisions, the baseline gate across real processes, and a real study whose trials carry paired
+ratios."""
 
 from __future__ import annotations
 

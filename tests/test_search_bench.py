@@ -136,7 +136,8 @@ TUNER_CODE = {  # what the benchmark must run rather than copy: module -> functi
 def test_the_benchmark_calls_the_tuners_measurement_racing_child_and_verdict(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Every module that holds one of these functions gets a counting wrapper of the same function; a tiny run calls each."""
+    """Every module that holds one of these functions gets a counting wrapper of the same function; a tiny run calls
+    each."""
     import importlib
 
     calls: dict[str, int] = {}
@@ -161,7 +162,8 @@ def test_the_benchmark_calls_the_tuners_measurement_racing_child_and_verdict(
 
 
 def test_the_benchmark_defines_no_measurement_racing_or_child_of_its_own() -> None:
-    """No module of bench/landscape defines a function or class named like the tuner's, nor imports the statistics racing pools with."""
+    """No module of bench/landscape defines a function or class named like the tuner's, nor imports the statistics
+    racing pools with."""
     import importlib
 
     tuner_names = {

@@ -255,7 +255,8 @@ def test_no_module_but_the_adapter_touches_optuna_private_members() -> None:
 
 
 def _import_graph() -> dict[str, set[str]]:
-    """Module -> the tuner modules it imports anywhere in its body (function-level imports too, not `if TYPE_CHECKING:`)."""
+    """Module -> the tuner modules it imports anywhere in its body (function-level imports too, not `if
+    TYPE_CHECKING:`)."""
     import ast
 
     files = {

@@ -32,8 +32,8 @@ TRT11, RTX, TRT10 = (
 def test_the_scan_sees_every_kind_of_use() -> None:
     source = (
         "class M(trt.IProgressMonitor):\n    def step_complete(self, p, s): ...\n    def _own(self): ...\n"
-        "def f(trt, config, engine):\n    config.set_flag(trt.BuilderFlag.TF32)\n    x = self.context.execute_async_v3(0)\n"
-        "    trt.ILogger.__init__(x)\n    other.build_route = 1\n"
+        "def f(trt, config, engine):\n    config.set_flag(trt.BuilderFlag.TF32)\n"
+        "    x = self.context.execute_async_v3(0)\n    trt.ILogger.__init__(x)\n    other.build_route = 1\n"
     )
     assert scan(source) == {
         "IProgressMonitor",

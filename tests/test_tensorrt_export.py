@@ -1,4 +1,5 @@
-"""The TensorRT export: trtexec.sh and build_engine.py from the builder calls a build recorded (TensorRT cannot run here).
+"""The TensorRT export: trtexec.sh and build_engine.py from the builder calls a build recorded (TensorRT cannot run
+here).
 
 The calls are recorded the way `build` records them (`configure_recorded` around the recording
 stand-in config of test_tensorrt_mapping); the trtexec line is checked against the flags trtexec's own
@@ -59,7 +60,8 @@ def trtexec_flags(path: Path) -> set[str]:
 
 
 def recipe(features: Features, knobs: str = "", profile: dict | None = None, **changes: Any) -> tuple[dict, list]:
-    """What `build` records for a route with `changes` (JSON round-tripped, as a trial attribute is), and the stand-in's calls."""
+    """What `build` records for a route with `changes` (JSON round-tripped, as a trial attribute is), and the stand-in's
+    calls."""
     db = parse_knob_database(knobs) if knobs else EMPTY
     config = RecordingBuilderConfig(knobs=knobs)
     _, calls = configure_recorded(stand_in_trt(), features, config, route_for(features, db, **changes), DEVICE)
@@ -112,8 +114,8 @@ def test_the_trtexec_line_spells_every_builder_option_and_the_build_route() -> N
     } <= set(args)
     route = next(a for a in args if a.startswith("--setBuildRoute="))
     assert (
-        route
-        == "--setBuildRoute=-kgen:codegen:cuda_tile=1 -conv_lowering=off -match_ragged_mha=off -cask_fusion:num_tactics=-1 -peep:max=1"
+        route == "--setBuildRoute=-kgen:codegen:cuda_tile=1 -conv_lowering=off -match_ragged_mha=off "
+        "-cask_fusion:num_tactics=-1 -peep:max=1"
     )
     assert flag_names(args) <= trtexec_flags(TRTEXEC["11.4"])
     assert "--noCudaGraph" in trtexec_line(

@@ -139,7 +139,8 @@ def fingerprint_part(objective: ObjectiveSpec) -> dict[str, Any]:
 
 
 def cache_part(objective: ObjectiveSpec) -> list[Any]:
-    """The settings a stored result depends on: the first keyed ones by position, then late ones away from their default."""
+    """The settings a stored result depends on: the first keyed ones by position, then late ones away from their
+    default."""
     plain = objective.plain()
     defaults = ObjectiveSpec().plain()
     out: list[Any] = [plain[name] for name, _, s in settings() if s.key and not s.late]

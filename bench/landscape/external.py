@@ -99,7 +99,8 @@ class ExternalSampler(optuna.samplers.BaseSampler):
 
 
 class ShadowGP:
-    """Optuna's GPSampler on a study of its own over the flattened space; failures COMPLETE with a violated constraint."""
+    """Optuna's GPSampler on a study of its own over the flattened space; failures COMPLETE with a violated
+    constraint."""
 
     def __init__(self, sizes: list[int], seed: int) -> None:
         self.dist = {f"g{i}": CategoricalDistribution(list(range(n))) for i, n in enumerate(sizes) if n > 1}

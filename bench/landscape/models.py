@@ -4,8 +4,8 @@
 
 - **PP-OCRv4 text recogniser** (`ch_PP-OCRv4_rec_infer.onnx`, opset 12) from the `rapidocr-onnxruntime`
   wheel. Data: 16 real text-line crops from scikit-image's bundled scanned page (`skimage.data.page`) and
-  text photograph (`skimage.data.text`), each line cut in four, each piece resized to RapidOCR's recogniser input (3 x 48 x 320,
-  height 48 keeping the aspect ratio, padded right), normalised as RapidOCR does ((x / 255 - 0.5) / 0.5).
+  text photograph (`skimage.data.text`), each line cut in four, each piece resized to RapidOCR's recogniser input (3 x
+  48 x 320, height 48 keeping the aspect ratio, padded right), normalised as RapidOCR does ((x / 255 - 0.5) / 0.5).
 - **Silero VAD** (`silero_vad.onnx`, stateful: `input` [1, 512] audio, `state` [2, 1, 128], scalar `sr`)
   from the `silero-vad` wheel. Data: 16 chunks of 512 samples at 16 kHz of a deterministic signal (a
   voiced, vowel-like harmonic series with a pitch glide and an amplitude envelope, in noise, half of the

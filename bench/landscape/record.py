@@ -11,8 +11,8 @@ paired with the default route's engine (each round measures the default route fi
 keeps its engine; every other route of the round is timed against it in ABBA blocks), so each round
 stores the route's paired speedup and the host's load average before and after its measurement.
 Rounds visit the other routes in a fresh random order each, so slow drifts of a shared machine spread
-over all routes; routes that failed deterministically are not re-run. Progress is journaled under the study's work_dir, so an interrupted recording resumes, and
-the landscape file is rewritten after every round.
+over all routes; routes that failed deterministically are not re-run. Progress is journaled under the study's work_dir,
+so an interrupted recording resumes, and the landscape file is rewritten after every round.
 """
 
 from __future__ import annotations

@@ -57,7 +57,8 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 @dataclass(frozen=True)
 class Step:
-    """One trial of a simulated study: its route, whether it cost a build, what was recorded, what the study delivers after it."""
+    """One trial of a simulated study: its route, whether it cost a build, what was recorded, what the study delivers
+    after it."""
 
     key: str
     build: bool
@@ -72,7 +73,8 @@ class Step:
 
 @dataclass
 class Simulation:
-    """One study on a landscape; `step()` runs one trial as a worker does, `delivered()` what `tuner run` would deliver now.
+    """One study on a landscape; `step()` runs one trial as a worker does, `delivered()` what `tuner run` would deliver
+    now.
 
     `drift_share` is the replay's `drift_share` option (`tuner.backends.replay.run`) and `seed` its
     noise seed; `objective` the study's timing settings (a study file's defaults unless given);
@@ -230,7 +232,8 @@ class Simulation:
         self, route: Route, backend: Backend, name: str, tolerance: float | None = None, **pairing: Any
     ) -> J.Result:
         """What the trial's child returns for `route`: `run_trial` in this process; a recorded death of the
-        child is recorded as the worker records one. `tolerance` overrides the scenario's (GPT and Olive time every route)."""
+        child is recorded as the worker records one. `tolerance` overrides the scenario's (GPT and Olive time every
+        route)."""
         self.runs += 1
         job = self.job(route, self.work_dir / name / "out", tolerance, **pairing)
         t = Trial.start(job, None, backend, self.feeds, self.backend.landscape.reference)
@@ -317,7 +320,8 @@ def _quiet(line: str) -> None:
 
 @contextmanager
 def private_locks(directory: Path) -> Iterator[None]:
-    """The timing locks of replayed trials in a directory of their own, never the host's (a replay takes no real time)."""
+    """The timing locks of replayed trials in a directory of their own, never the host's (a replay takes no real
+    time)."""
     before = os.environ.get(LOCK_DIR_ENV)
     os.environ[LOCK_DIR_ENV] = str(directory)
     try:

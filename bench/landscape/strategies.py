@@ -1,4 +1,5 @@
-"""Search strategies on a landscape: the tuner's own study (through the simulation runner) and the tools it is compared with.
+"""Search strategies on a landscape: the tuner's own study (through the simulation runner) and the tools it is compared
+with.
 
 A *study* strategy is a sampler in the simulated study of `bench.landscape.simulate` — everything
 else (encoding, paired measurement, racing, confirmation and verdict) is the tuner's, so rows differ
@@ -270,7 +271,8 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             "tpe",
-            "TPE multivariate + group + constant liar, 4 start-up trials, no-repeat step (sampler 'tpe': the previous default)",
+            "TPE multivariate + group + constant liar, 4 start-up trials, no-repeat step (sampler 'tpe': the previous "
+            "default)",
             tpe(4),
             candidate=True,
         ),
@@ -311,7 +313,8 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             "gpt-mixed",
-            "GPT mixed: fast, then all combinations of the knobs trtexec 11.1 counts positive (did not crash and faster)",
+            "GPT mixed: fast, then all combinations of the knobs trtexec 11.1 counts positive (did not crash and "
+            "faster)",
             direct=gpt_mixed,
         ),
     )

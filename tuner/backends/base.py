@@ -161,7 +161,8 @@ class Runner(abc.ABC):
         return {"clock": "host-perf_counter"}
 
     def clock(self) -> float:
-        """Seconds on the clock the measurement of this runner's latencies runs against (a replayed runner's is virtual)."""
+        """Seconds on the clock the measurement of this runner's latencies runs against (a replayed runner's is
+        virtual)."""
         import time
 
         return time.perf_counter()
@@ -258,7 +259,8 @@ class Backend(abc.ABC):
     preload: tuple[str, ...] = ()  # modules a pre-imported child server imports for this backend (see `fork_safe`)
 
     def fork_safe(self, route: Route) -> bool:
-        """Whether `route`'s trial child may be forked from a server that imported `preload` (False: a fresh interpreter).
+        """Whether `route`'s trial child may be forked from a server that imported `preload` (False: a fresh
+        interpreter).
 
         Only where nothing imported initialises a device runtime: CUDA cannot be used in a child
         forked after its parent initialised it, so GPU routes keep a fresh process.

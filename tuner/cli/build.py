@@ -37,7 +37,8 @@ def build(
     (out / "result.json").write_text(res.to_json())
     latency = res.latency.get(ctx.spec.objective.statistic) if res.latency else None
     console.print(
-        f"{res.status}: {ctx.spec.objective.statistic} {fmt_ms(latency)}, {ctx.spec.accuracy.metric} = {res.accuracy} {res.message}",
+        f"{res.status}: {ctx.spec.objective.statistic} {fmt_ms(latency)}, {ctx.spec.accuracy.metric} = {res.accuracy} "
+        f"{res.message}",
         highlight=False,
     )
     if res.status != J.OK:

@@ -20,7 +20,8 @@ def gc(
         int | None, typer.Option("--keep-best", min=1, help="Feasible trials to keep (default: run.keep_best, 3).")
     ] = None,
 ) -> None:
-    """Remove artifacts and trial folders of trials not kept: the baseline, the best feasible and confirmed ones stay."""
+    """Remove artifacts and trial folders of trials not kept: the baseline, the best feasible and confirmed ones
+    stay."""
     ctx = context(spec, storage)
     study = ctx.load()
     if not yes:

@@ -40,6 +40,9 @@ class HostCheck:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if host_name(environ.get("HTTP_HOST", "")) in self.allowed:
             return self.app(environ, start_response)
-        body = b"Forbidden: unexpected Host header (start `tuner dashboard` with --allow-host NAME to serve under that name)\n"
+        body = (
+            b"Forbidden: unexpected Host header (start `tuner dashboard` with --allow-host NAME to serve under "
+            b"that name)\n"
+        )
         start_response("403 Forbidden", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
         return [body]

@@ -127,9 +127,10 @@ def best(
     changed = change_lines(doc["route"], dict(study.user_attrs.get("default_route") or {}), route_space(ctx))
     measured = (doc["measured_ms"] or {}).get("trial")
     console.print(
-        f"  trial {doc['trial']}: {fmt_ms(measured)} in the study, default route {fmt_ms(doc['default_ms'])}{study_line}\n"
-        f"  {doc['accuracy']['metric']} = {doc['accuracy']['value']} (tolerance {doc['accuracy']['tolerance']})\n"
-        f"  changes from the default route:\n" + "\n".join(f"    {line}" for line in changed),
+        f"  trial {doc['trial']}: {fmt_ms(measured)} in the study, default route "
+        f"{fmt_ms(doc['default_ms'])}{study_line}\n  {doc['accuracy']['metric']} = {doc['accuracy']['value']} "
+        f"(tolerance {doc['accuracy']['tolerance']})\n  changes from the default route:\n"
+        + "\n".join(f"    {line}" for line in changed),
         highlight=False,
         soft_wrap=True,
     )
@@ -142,7 +143,10 @@ def _confirmation_text(doc: dict[str, Any]) -> str:
     if not conf:
         return "none yet (`tuner run` re-measures the top routes against the default when the budget is spent)"
     if conf.get("study_best_trial") != doc["study_best_trial"]:
-        return f"{conf['message']} [made when the best trial was {conf.get('study_best_trial')}; run `tuner run` again to re-confirm]"
+        return (
+            f"{conf['message']} [made when the best trial was {conf.get('study_best_trial')}; run `tuner run` "
+            "again to re-confirm]"
+        )
     return str(conf["message"])
 
 

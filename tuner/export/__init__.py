@@ -44,8 +44,8 @@ def export_choice(study: optuna.Study, head: Headline, asked: int | None) -> tup
     if head.export_trial is None:
         best = f"trial {head.trial.number}" if head.trial else "no route"
         raise TunerError(
-            f"not exporting: the study's verdict is {head.verdict} ({best} is not confirmed); run `tuner run` to confirm, "
-            f"or export it anyway with --trial {head.trial.number if head.trial else 'N'}"
+            f"not exporting: the study's verdict is {head.verdict} ({best} is not confirmed); run `tuner run` to "
+            f"confirm, or export it anyway with --trial {head.trial.number if head.trial else 'N'}"
         )
     chosen = next(t for t in study.get_trials(deepcopy=False) if t.number == head.export_trial)
     if head.verdict == SPEEDUP:
@@ -54,7 +54,8 @@ def export_choice(study: optuna.Study, head: Headline, asked: int | None) -> tup
 
 
 def route_space(ctx: Context) -> SearchSpace | None:
-    """The study's space, for the knobs' descriptions; None where this machine cannot build it (no TensorRT, no torch)."""
+    """The study's space, for the knobs' descriptions; None where this machine cannot build it (no TensorRT, no
+    torch)."""
     try:
         return ctx.space
     except (TunerError, ImportError):
@@ -131,7 +132,10 @@ def export_trial(ctx: Context, doc: dict[str, Any], choice: tuple[FrozenTrial, s
             ),
         )
         writer.publish()
-    return f"exported {reason} to {out}: {deployment.artifact_name} (sha256 {sha[:12]}), {', '.join(files)}, reproduce.sh, README.md"
+    return (
+        f"exported {reason} to {out}: {deployment.artifact_name} (sha256 {sha[:12]}), {', '.join(files)}, "
+        "reproduce.sh, README.md"
+    )
 
 
 def _write_native(writer: ExportWriter, deployment: Deployment) -> dict[str, str]:

@@ -11,7 +11,8 @@ from tuner.study.verdict import Estimate
 
 FILES = {
     "README.md": "this file",
-    "route.json": "the route, by the tuner's parameter names (`tuner build STUDY.toml --route route.json --out DIR` rebuilds it)",
+    "route.json": "the route, by the tuner's parameter names (`tuner build STUDY.toml --route route.json --out DIR` "
+    "rebuilds it)",
     "best.json": "`tuner best --json` of the study, with what was exported",
     "reproduce.sh": "runs the engine natively from this directory (and says what it needs installed)",
 }

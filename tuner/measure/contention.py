@@ -110,7 +110,8 @@ class Probe:
 
 
 def summarize(loads: list[Load | None]) -> dict[str, Any]:
-    """A measurement's contention: how many blocks were contended, and how much the others took on average and at most."""
+    """A measurement's contention: how many blocks were contended, and how much the others took on average and at
+    most."""
     seen = [x for x in loads if x is not None]
     if not seen:
         return {"measured": False}

@@ -44,23 +44,27 @@ def check_data_file(path: Path, model: ModelSpec, samples: int, constants: froze
         if axis is None:
             if a.ndim > 1:
                 raise TunerError(
-                    f"array {name!r} has shape {list(a.shape)}; the input is a scalar: give a 1-D array (one value per sample) or a 0-D array (one value for all)"
+                    f"array {name!r} has shape {list(a.shape)}; the input is a scalar: give a 1-D array (one value "
+                    "per sample) or a 0-D array (one value for all)"
                 )
             if a.ndim == 1 and a.shape[0] < samples:
                 raise TunerError(
-                    f"array {name!r} has {a.shape[0]} values; data.samples={samples} needs one per sample (or a 0-D array for all)"
+                    f"array {name!r} has {a.shape[0]} values; data.samples={samples} needs one per sample (or a 0-D "
+                    "array for all)"
                 )
         else:
             expected = [str(d) for d in shape]
             expected[axis] = "N"
             if a.ndim != len(shape) or any(a.shape[k] != d for k, d in enumerate(shape) if k != axis):
                 raise TunerError(
-                    f"array {name!r} has shape {list(a.shape)}; expected [{', '.join(expected)}] (samples along axis {axis})"
+                    f"array {name!r} has shape {list(a.shape)}; expected [{', '.join(expected)}] (samples along axis "
+                    f"{axis})"
                 )
             need = samples * shape[axis]
             if a.shape[axis] < need:
                 raise TunerError(
-                    f"array {name!r} has {a.shape[axis]} samples along axis {axis}; data.samples={samples} at batch {shape[axis]} needs {need}"
+                    f"array {name!r} has {a.shape[axis]} samples along axis {axis}; data.samples={samples} at batch "
+                    f"{shape[axis]} needs {need}"
                 )
         if np.dtype(a.dtype) != np.dtype(model.dtypes[name]):
             raise TunerError(f"array {name!r} is {a.dtype}; the model's input is {model.dtypes[name]}")

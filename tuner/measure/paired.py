@@ -25,7 +25,8 @@ Contention (`tuner.measure.contention`): with a probe, every block records what 
 took of the cores while it ran. Under `contention = "exclusive"` (the default) a cycle with a
 contended block is set aside and run again: it enters no interval and stops nothing. A measurement
 that gathered too few clean cycles for an interval by its cap, or had CONTENDED_GIVE_UP times that
-many set aside first, is flagged `contended` and stops (its figures then come from every cycle). Under "measured" contention is recorded only.
+many set aside first, is flagged `contended` and stops (its figures then come from every cycle). Under "measured"
+contention is recorded only.
 Without a baseline the same loop runs on the candidate alone (unpaired): the interval is then
 that of its block-statistic level, and there is no speedup.
 
@@ -168,7 +169,8 @@ def _calls_for(per_call_ms: float, policy: PairedPolicy) -> int:
 
 
 def warm_up(fn: BlockFn, policy: PairedPolicy, clock: Callable[[], float] = time.perf_counter) -> Warmup:
-    """Run blocks until the last WARMUP_WINDOW block statistics agree (and warmup_min_s passed) or the warm-up share of the cap is spent."""
+    """Run blocks until the last WARMUP_WINDOW block statistics agree (and warmup_min_s passed) or the warm-up share of
+    the cap is spent."""
     start = clock()
     calls = _calls_for(block_statistic(fn(1), policy.statistic), policy)
     window: list[float] = []
@@ -191,7 +193,8 @@ def warm_up(fn: BlockFn, policy: PairedPolicy, clock: Callable[[], float] = time
 
 
 def level_drift(blocks: list[float], threshold: float) -> bool:
-    """Whether the median level of the second half of `blocks` differs from the first half's by more than `threshold`."""
+    """Whether the median level of the second half of `blocks` differs from the first half's by more than
+    `threshold`."""
     half = len(blocks) // 2
     if half < 2:
         return False
@@ -221,7 +224,8 @@ def _attempt(
     clock: Callable[[], float],
     probe: Probe | None,
 ) -> PairedResult:
-    """One measurement: cycles until a stopping rule holds (`incumbent`: its interval's low and high, either may be None)."""
+    """One measurement: cycles until a stopping rule holds (`incumbent`: its interval's low and high, either may be
+    None)."""
     need = min_rounds(policy.confidence)
     stat = policy.statistic
     cand_samples: list[float] = []

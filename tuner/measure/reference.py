@@ -68,12 +68,14 @@ def _run_child(model_path: Path, feeds_path: Path, out: Path, timeout_s: float) 
         sig = -proc.returncode
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         raise TunerError(
-            f"model {model_path}: ONNX Runtime crashed ({name}) running the fp32 reference; the model cannot be tuned as it is"
+            f"model {model_path}: ONNX Runtime crashed ({name}) running the fp32 reference; the model cannot be tuned "
+            "as it is"
         )
     if proc.returncode != 0:
         lines = [line for line in err.decode(errors="replace").strip().splitlines() if line.strip()]
         raise TunerError(
-            f"model {model_path}: the fp32 reference run with ONNX Runtime failed: {lines[-1] if lines else f'exit status {proc.returncode}'}"
+            f"model {model_path}: the fp32 reference run with ONNX Runtime failed: "
+            f"{lines[-1] if lines else f'exit status {proc.returncode}'}"
         )
 
 

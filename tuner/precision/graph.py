@@ -47,7 +47,8 @@ def problems(model: Any) -> list[str]:
         missing = [x for x in _needs(node) if x not in available]
         if missing:
             out.append(
-                f"node {node.name or node.op_type!r}: input {missing[0]!r} is not produced before it (graph not topologically sorted)"
+                f"node {node.name or node.op_type!r}: input {missing[0]!r} is not produced before it (graph not "
+                "topologically sorted)"
             )
         available.update(o for o in node.output if o)
     values = _constant_values(graph)

@@ -12,8 +12,10 @@ from tuner.space import canonical_route
 from tuner.study.verdict import Estimate
 
 CAPTIONS = {
-    "history": "Every timed trial's latency; red crosses broke the accuracy tolerance, ticks at the bottom are trials that failed or were rejected by the accuracy gate before timing.",
-    "latency_distribution": "Raw latency samples of the default route and the route compared with it (the confirmed winner, else the best candidate).",
+    "history": "Every timed trial's latency; red crosses broke the accuracy tolerance, ticks at the bottom are trials "
+    "that failed or were rejected by the accuracy gate before timing.",
+    "latency_distribution": "Raw latency samples of the default route and the route compared with it (the confirmed "
+    "winner, else the best candidate).",
     "accuracy_vs_latency": "Accuracy against latency; only routes left of the tolerance line are candidates.",
     "importance": "Which knobs explain the latency of the feasible routes.",
     "failure_classes": "How the budget was spent: outcomes accumulated over the trials.",
@@ -69,7 +71,8 @@ def _verdict(data: ReportData) -> str:
     if not conf:
         return (
             lead
-            + "<br>Not confirmed: <code>tuner run</code> re-measures the top candidates against the default when the budget is spent.</p>"
+            + "<br>Not confirmed: <code>tuner run</code> re-measures the top candidates against the default when the "
+            "budget is spent.</p>"
         )
     detail = (
         f"<br><small>{escape(str(conf.get('method', '')))}; {escape(str(conf.get('created_at', '')))}</small>"
@@ -91,8 +94,8 @@ def _confirmed(data: ReportData) -> str:
         + (
             f'<td colspan="4">{escape(str(r["failure"]))}</td>'
             if r.get("failure")
-            else f"<td>{r['speedup']:.3f}x</td><td>{r.get('confidence', 0):.1%} CI {r['low']:.3f}x-{r['high']:.3f}x</td>"
-            f"<td>{_ms(r.get('median_ms'))}</td><td>{_ms(r.get('study_value'))}</td>"
+            else f"<td>{r['speedup']:.3f}x</td><td>{r.get('confidence', 0):.1%} CI "
+            f"{r['low']:.3f}x-{r['high']:.3f}x</td><td>{_ms(r.get('median_ms'))}</td><td>{_ms(r.get('study_value'))}</td>"
         )
         + "</tr>"
         for r in rows
@@ -111,8 +114,8 @@ def _top_trials(data: ReportData, limit: int = 10) -> str:
     if not routes:
         return "<p>No feasible trial.</p>"
     head = (
-        "<tr><th>trial</th><th>latency</th><th>speedup vs default in the study</th><th>accuracy</th><th>engine file</th>"
-        "<th>peak memory</th><th>route</th><th>same route in</th></tr>"
+        "<tr><th>trial</th><th>latency</th><th>speedup vs default in the study</th><th>accuracy</th><th>engine "
+        "file</th><th>peak memory</th><th>route</th><th>same route in</th></tr>"
     )
     body = "".join(
         f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{escape(_estimate(t.speedup))}</td>"
@@ -129,7 +132,10 @@ def _failures(data: ReportData) -> str:
     classes = data.summary.failure_classes
     if not classes:
         return "<p>No trial failed.</p>"
-    return f"<table><tr><th>failure class</th><th>trials</th></tr>{''.join(f'<tr><td>{escape(k)}</td><td>{v}</td></tr>' for k, v in sorted(classes.items()))}</table>"
+    return (
+        "<table><tr><th>failure "
+        f"class</th><th>trials</th></tr>{''.join(f'<tr><td>{escape(k)}</td><td>{v}</td></tr>' for k, v in sorted(classes.items()))}</table>"
+    )
 
 
 def render(data: ReportData, figures: dict[str, Path]) -> str:
@@ -141,11 +147,12 @@ def render(data: ReportData, figures: dict[str, Path]) -> str:
     )
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Route Tuner report: {escape(data.study)}</title>'
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Route Tuner report: '
+        f"{escape(data.study)}</title>"
         f"<style>{STYLE}</style></head><body><h1>Route Tuner report: {escape(data.study)}</h1>"
         f"{_verdict(data)}<h2>Summary</h2>{_headline(data)}<h2>Confirmation: paired speedups</h2>{_confirmed(data)}"
         f"<h2>Fastest feasible routes</h2>{_top_trials(data)}"
         f"<h2>Failures</h2>{_failures(data)}<h2>Figures</h2>{images}"
-        f"<p><small>Generated {stamp} by route-tuner. Export the winner with <code>tuner best SPEC --export DIR</code>.</small></p>"
-        "</body></html>"
+        f"<p><small>Generated {stamp} by route-tuner. Export the winner with <code>tuner best SPEC --export "
+        "DIR</code>.</small></p></body></html>"
     )

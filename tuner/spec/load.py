@@ -200,7 +200,8 @@ def _model(r: _Reader, base: Path) -> ModelSpec:
 
 
 def _file(base: Path, text: str) -> Path:
-    """A file named in the study file, relative to its folder, with `.` and `..` folded away (symbolic links kept as named)."""
+    """A file named in the study file, relative to its folder, with `.` and `..` folded away (symbolic links kept as
+    named)."""
     return Path(os.path.normpath(base / text))
 
 
@@ -276,7 +277,8 @@ def _input_data(
         if from_file:
             raise r.fail(
                 f"{field}.{next(iter(entry))}",
-                f"a range applies to generated inputs; with data.file, {name!r} comes from the file (give value = ... to set it here)",
+                f"a range applies to generated inputs; with data.file, {name!r} comes from the file (give value = ... "
+                "to set it here)",
             )
         if dtype == np.bool_:
             raise r.fail(f"{field}.{next(iter(entry))}", "a boolean input takes value = true or false, not a range")
@@ -286,7 +288,8 @@ def _input_data(
             end = "high" if "high" in entry else "low"
             raise r.fail(
                 f"{field}.{end}",
-                f"expected high above low; the range is [{default[0] if lo is None else lo}, {default[1] if hi is None else hi})",
+                f"expected high above low; the range is [{default[0] if lo is None else lo}, "
+                f"{default[1] if hi is None else hi})",
             )
         out[name] = InputData(low=lo, high=hi)
     return out
@@ -330,7 +333,8 @@ def _accuracy(r: _Reader) -> AccuracySpec:
 
 
 def _objective(r: _Reader) -> ObjectiveSpec:
-    """[objective]: every declared setting (`tuner.objective`), checked against its declaration; absent ones at their default."""
+    """[objective]: every declared setting (`tuner.objective`), checked against its declaration; absent ones at their
+    default."""
     t = r.table("objective", required=False)
     values = {}
     for name, default, s in objective_settings():

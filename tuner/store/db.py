@@ -405,8 +405,8 @@ def _acquire(conn: Connection, key: int, name: str) -> None:
             conn.rollback()
             holder = conn.execute(
                 text(
-                    "SELECT a.pid, a.client_addr, a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :hi AND l.objid = :lo"
+                    "SELECT a.pid, a.client_addr, a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid "
+                    "= l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :hi AND l.objid = :lo"
                 ),
                 {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF},
             ).first()

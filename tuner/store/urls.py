@@ -1,4 +1,5 @@
-"""Storage credentials: masked everywhere a URL could be printed, logged or stored, and kept from processes that need none.
+"""Storage credentials: masked everywhere a URL could be printed, logged or stored, and kept from processes that need
+none.
 
 A URL carries secrets in two places: the password of its userinfo (`scheme://user:PASSWORD@host`)
 and password-like query keys (`?password=`, `sslpassword`, `passwd`, `pwd`, `secret`, `token`,

@@ -165,7 +165,10 @@ def collecting(ctx: Context) -> Iterator[str | None]:
 def refusal(plan: Plan) -> str | None:
     """Why `plan` must not be applied now (RUNNING trials), or None."""
     if plan.running:
-        return f"study {plan.study!r} has {plan.running} RUNNING trial(s): stop its workers (or let them finish) before `tuner gc --yes`"
+        return (
+            f"study {plan.study!r} has {plan.running} RUNNING trial(s): stop its workers (or let them finish) "
+            "before `tuner gc --yes`"
+        )
     return None
 
 
@@ -224,7 +227,8 @@ def _shas_of_other_studies(study: optuna.Study) -> set[str]:
 
 
 def enforce_cap(ctx: Context, study: optuna.Study) -> str | None:
-    """Collect garbage if the work dir exceeds `run.max_disk_mb`; a line saying what was done, or None if within the cap."""
+    """Collect garbage if the work dir exceeds `run.max_disk_mb`; a line saying what was done, or None if within the
+    cap."""
     cap = ctx.spec.run.max_disk_mb
     if cap is None or size_of(ctx.work_dir) <= cap * MB:
         return None

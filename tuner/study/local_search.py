@@ -109,7 +109,8 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         return list(np.argsort(-(model.score(candidates, best) + noise)))
 
     def observations(self, trials: Sequence[FrozenTrial], study: optuna.Study) -> list[Observation]:
-        """Every finished trial's outcome (relative to the baseline's value), then those carried over from other studies."""
+        """Every finished trial's outcome (relative to the baseline's value), then those carried over from other
+        studies."""
         base = racing.baseline_trial(trials)
         scale = float(base.value) if base is not None and base.value else None
         raced = racing.races(study)

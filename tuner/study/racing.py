@@ -85,7 +85,8 @@ class Standing:
 
 
 def standing(t: FrozenTrial, raced: Races) -> Standing | None:
-    """The trial's standing (refined where it was re-measured), or None when it has no paired speedup or is not feasible."""
+    """The trial's standing (refined where it was re-measured), or None when it has no paired speedup or is not
+    feasible."""
     if not is_feasible(t) or is_baseline(t) or not t.user_attrs.get("paired"):
         return None
     r = raced.get(str(t.number)) or {}
@@ -105,7 +106,8 @@ def standings(trials: Sequence[FrozenTrial], raced: Races) -> list[Standing]:
 
 
 def to_race(ranked: Sequence[Standing], top_k: int = RACE_TOP_K, max_remeasure: int = REMEASURE_MAX) -> list[int]:
-    """The trials to re-measure now: the leader if it was never re-measured, and leaders whose intervals overlap the leader's.
+    """The trials to re-measure now: the leader if it was never re-measured, and leaders whose intervals overlap the
+    leader's.
 
     Among the `top_k` fastest, those overlapping the leader's interval (and the leader itself, when
     any overlap) are re-measured until each has had `max_remeasure` re-measurements.

@@ -145,6 +145,7 @@ def summarize_study(study: optuna.Study) -> Summary:
 
 
 def default_measured(trials: list[FrozenTrial]) -> float | None:
-    """The default route's latency as measured: the median of its uncontended timings (its own trial's, and beside each paired trial)."""
+    """The default route's latency as measured: the median of its uncontended timings (its own trial's, and beside each
+    paired trial)."""
     values = sorted(float(m["default"]) for t in trials if "default" in (m := t.user_attrs.get("measured_ms") or {}))
     return statistics.median(values) if values else None

@@ -90,7 +90,8 @@ def verdict_name(stored: str | None) -> str | None:
 def study_estimate(
     trial: FrozenTrial | None, baseline: FrozenTrial | None, races: Races | None = None
 ) -> Estimate | None:
-    """The study's own speedup estimate for `trial`: its paired standing (refined by racing), else the ratio of values."""
+    """The study's own speedup estimate for `trial`: its paired standing (refined by racing), else the ratio of
+    values."""
     if trial is None:
         return None
     paired = standing(trial, races or {})
@@ -202,7 +203,10 @@ def _unconfirmed_sentence(
         return "Nothing to act on yet: no route has been timed within the accuracy tolerance."
     why = f" ({conf['message']})" if conf.get("message") else ""
     if summary.baseline is not None and best.number == summary.baseline.number:
-        return f"Not confirmed{why}: the default route (trial {best.number}) is the fastest feasible route the study found."
+        return (
+            f"Not confirmed{why}: the default route (trial {best.number}) is the fastest feasible route the study "
+            "found."
+        )
     if study is None:
         return (
             f"Not confirmed: the default route has no feasible measurement, so no speedup can be stated{why}; "
@@ -210,5 +214,6 @@ def _unconfirmed_sentence(
         )
     return (
         f"Not confirmed{why}: trial {best.number} measured {study.text()} against the default route in the study; "
-        "`tuner run` re-measures the top routes against the default when the budget is spent — act on that, not on this."
+        "`tuner run` re-measures the top routes against the default when the budget is spent — act on that, not on "
+        "this."
     )

@@ -66,7 +66,8 @@ def winner(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 def sources(
     storage: optuna.storages.BaseStorage, name: str, backend: str, attrs: Mapping[str, str]
 ) -> list[optuna.Study]:
-    """The other studies in `storage` a new study `name` may start from: same backend and kind of device, another model."""
+    """The other studies in `storage` a new study `name` may start from: same backend and kind of device, another
+    model."""
     out = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         a = summary.user_attrs
@@ -81,7 +82,8 @@ def sources(
 
 
 def observations(study: optuna.Study, space: SearchSpace) -> list[dict[str, Any]]:
-    """Every finished trial of `study` as an observation on `space` (log latency relative to its baseline, feasibility)."""
+    """Every finished trial of `study` as an observation on `space` (log latency relative to its baseline,
+    feasibility)."""
     trials = study.get_trials(deepcopy=False)
     base = racing.baseline_trial(trials)
     scale = float(base.value) if base is not None and base.value else None

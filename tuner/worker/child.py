@@ -1,8 +1,8 @@
 """The trial's child process: build -> load -> quick accuracy gate -> timing -> full accuracy.
 
 Run as `python -m tuner.worker.child JOB.json RESULT.json`, or forked from a server started as
-`python -m tuner.worker.child --serve FD MODULE...` (`tuner.worker.forkserver`). Whatever happens inside (a segfault in a
-native compiler, a hang, an out-of-memory kill) ends this process only; the worker classifies it.
+`python -m tuner.worker.child --serve FD MODULE...` (`tuner.worker.forkserver`). Whatever happens inside (a segfault in
+a native compiler, a hang, an out-of-memory kill) ends this process only; the worker classifies it.
 The current phase is written to RESULT.json.phase before each step so a crash can be attributed.
 Each phase is one function below; `run_job` strings them together and classifies what they raise.
 The child dies with its worker (`PR_SET_PDEATHSIG`) and ends itself at its own deadline (SIGALRM,

@@ -126,7 +126,8 @@ def looks(cap: int) -> int:
 
 
 def interval_level(confidence: float, candidates: int, cap: int) -> float:
-    """The level of each interval: Bonferroni over the candidates and the looks, so that all hold jointly at `confidence`."""
+    """The level of each interval: Bonferroni over the candidates and the looks, so that all hold jointly at
+    `confidence`."""
     return 1.0 - (1.0 - confidence) / (max(candidates, 1) * looks(cap))
 
 
@@ -191,7 +192,8 @@ def confirm(
     log: Callable[[str], None] = print,
     on_round: Callable[[RoundEvent], None] | None = None,
 ) -> dict[str, Any]:
-    """Re-measure until decided (at most `rounds` rounds, default DEFAULT_ROUNDS), judge, store the "confirmation" document, return it.
+    """Re-measure until decided (at most `rounds` rounds, default DEFAULT_ROUNDS), judge, store the "confirmation"
+    document, return it.
 
     Each process is a fresh child on the candidate's stored artifact, paired with the default's
     (`Session`); every finished one is passed to `on_round` (default: its `RoundEvent.text()` to `log`).
@@ -388,7 +390,8 @@ def judge(
     if not judged:
         busy = not any(c.failure for c in candidates)  # every process was contended
         why = (
-            f"the host was busy throughout: all {base['contention']['processes']} processes were contended by other work"
+            f"the host was busy throughout: all {base['contention']['processes']} processes were contended by other "
+            "work"
             if busy
             else "every candidate failed"
         )
@@ -404,17 +407,22 @@ def judge(
     elif all(s.slower for _, s in judged):
         verdict, message = (
             DEFAULT_IS_FASTEST,
-            f"the default route is already the fastest: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval})",
+            f"the default route is already the fastest: best candidate trial {entry.trial.number} at "
+            f"{s.estimate:.3f}x ({interval})",
         )
     else:
         verdict, message = (
             NO_SIGNIFICANT,
-            f"no significant speedup over the default route: best candidate trial {entry.trial.number} at {s.estimate:.3f}x ({interval} includes 1.0)",
+            f"no significant speedup over the default route: best candidate trial {entry.trial.number} at "
+            f"{s.estimate:.3f}x ({interval} includes 1.0)",
         )
     if base["contention"].get("contended_processes"):
         c = base["contention"]
         took = f" (other work took {c['others_cores']:.2f} cores on average)" if "others_cores" in c else ""
-        message += f"; the host was busy: {c['contended_processes']} of {c['processes']} processes contended{took}, not counted"
+        message += (
+            f"; the host was busy: {c['contended_processes']} of {c['processes']} processes contended{took}, "
+            "not counted"
+        )
     return {
         **base,
         "verdict": verdict,
@@ -509,7 +517,8 @@ class Session:
         )
 
     def measure(self, candidate: FrozenTrial, r: int) -> J.Result:
-        """One process timing `candidate` paired with the default; both engines' samples kept as "confirm" measurements."""
+        """One process timing `candidate` paired with the default; both engines' samples kept as "confirm"
+        measurements."""
         res = self._run(candidate, self.run_dir / f"r{r:02d}-{candidate.number:05d}", baseline=self.engine)
         if res.status == J.OK and res.latency and res.paired.get("paired"):
             key, study, stats = f"confirm-{self.run_id}", self.ctx.spec.study, {"round": r, "paired": _pairing(res)}

@@ -50,9 +50,10 @@ def environment_fault(exc: BaseException) -> str | None:
         if isinstance(current, MemoryError):
             return f"MemoryError: out of memory {str(current)[:200]}".strip()
         if isinstance(current, OSError) and current.errno in ENV_ERRNOS:
-            return f"{type(current).__name__} {errno.errorcode.get(current.errno or 0, '?')}: {current.strerror or current}"[
-                :300
-            ]
+            return (
+                f"{type(current).__name__} {errno.errorcode.get(current.errno or 0, '?')}: "
+                f"{current.strerror or current}"[:300]
+            )
         if ENV_MESSAGE.search(str(current)):
             return f"{type(current).__name__}: {first_line(current)}"[:300]
         current = current.__cause__ or current.__context__

@@ -132,7 +132,8 @@ class ForkServer:
         return self.proc.poll() is None
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_fd: int, keep_fd: int | None) -> ForkedChild:
-        """Fork a child running `tuner.worker.child.main(argv)` with `env`, its output to `log_fd`, inheriting `keep_fd`."""
+        """Fork a child running `tuner.worker.child.main(argv)` with `env`, its output to `log_fd`, inheriting
+        `keep_fd`."""
         title = shlex.join(command(argv))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "title": title}

@@ -52,14 +52,16 @@ def _killpg(pid: int) -> None:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a trial's child: ours without credentials (it never talks to the database), plus `extra` and our pid."""
+    """The environment of a trial's child: ours without credentials (it never talks to the database), plus `extra` and
+    our pid."""
     return {**env_without_credentials(os.environ), **(extra or {}), PARENT_ENV: str(os.getpid())}
 
 
 def run_isolated(
     job: J.Job, trial_dir: Path, handle: ChildHandle | None = None, env: dict[str, str] | None = None
 ) -> J.Result:
-    """Run `job` in a child (`python -m tuner.worker.child`, or forked from its server) and return its result, whatever happened to it."""
+    """Run `job` in a child (`python -m tuner.worker.child`, or forked from its server) and return its result, whatever
+    happened to it."""
     job_path, result_path, log_path = trial_dir / "job.json", trial_dir / "result.json", trial_dir / "child.log"
     handle = handle or ChildHandle()
     try:

@@ -44,7 +44,8 @@ def measure_settings(spec: Spec) -> dict[str, Any]:
 
 
 def preload(backend: Backend, route: dict[str, Any]) -> list[str] | None:
-    """What a pre-imported child server imports for `route` (the backend's module first), or None: a fresh interpreter."""
+    """What a pre-imported child server imports for `route` (the backend's module first), or None: a fresh
+    interpreter."""
     return [type(backend).__module__, *backend.preload] if backend.fork_safe(route) else None
 
 

@@ -374,13 +374,15 @@ class Worker:
         return result
 
     def _pairing(self, number: int) -> dict[str, Any]:
-        """What trial `number` is timed against: its role, the baseline engine (or the gate to wait on), the incumbent."""
+        """What trial `number` is timed against: its role, the baseline engine (or the gate to wait on), the
+        incumbent."""
         trials = self._db(lambda: self.study.get_trials(deepcopy=False))
         this = next(t for t in trials if t.number == number)
         if racing.is_baseline(this):
             return {"role": "baseline"}
         base = racing.baseline_trial(trials)
-        # racing = false: no re-measuring and no early stop as `slow` (every route measured in full, as a landscape needs)
+        # racing = false: no re-measuring and no early stop as `slow`
+        # (every route measured in full, as a landscape needs)
         raced = racing.races(self.study)
         pairing: dict[str, Any] = (
             {"incumbent": racing.incumbent(trials, raced), "incumbent_high": racing.incumbent_high(trials, raced)}

@@ -55,13 +55,15 @@ class InductorBackend(Backend):
         return build(route, ctx)
 
     def deployment(self, request: ExportRequest) -> Deployment:
-        """inductor.tar (the generated code), the model, and compile_inductor.py: the torch.compile call and its configuration."""
+        """inductor.tar (the generated code), the model, and compile_inductor.py: the torch.compile call and its
+        configuration."""
         from tuner.backends.inductor.export import deployment
 
         return deployment(request)
 
     def load(self, artifact: Artifact, route: Route, ctx: BuildContext) -> Runner:
-        """A runner for `artifact`: the engine its build handed over in this process, else its route recompiled from the shared cache."""
+        """A runner for `artifact`: the engine its build handed over in this process, else its route recompiled from the
+        shared cache."""
         from tuner.backends.inductor.build import rebuild
         from tuner.backends.inductor.engine import Engine
         from tuner.backends.inductor.run import InductorRunner

@@ -7,8 +7,8 @@ The artifact is `inductor.tar`: the output code Inductor generated for the route
 per compiled graph, holding the wrapper that launches the kernels and every Triton/C++ kernel's
 source inline, captured through Inductor's `GraphLowering.save_output_code` hook) and
 `manifest.json` (route, compile options, device, graph count, code hash). That code *is* the
-engine: equal code gives an equal hash, and a reviewer reads in it what a route changed (fusions, GEMM templates, CUDA-graph
-wrapping). Compiled binaries stay in Inductor's cache, shared by the study's trials on this machine
+engine: equal code gives an equal hash, and a reviewer reads in it what a route changed (fusions, GEMM templates,
+CUDA-graph wrapping). Compiled binaries stay in Inductor's cache, shared by the study's trials on this machine
 (`$TORCHINDUCTOR_CACHE_DIR` if set, else `<work_dir>/inductor-cache`), so a route compiled before is
 a cache hit; loading an artifact in another process recompiles its route from that cache
 and checks that the code is the same. The tar is written deterministically (fixed order, zeroed metadata).
@@ -71,7 +71,8 @@ def rebuild(
         stored = json.loads(member.read()) if member else {}
     if stored.get("code_sha256") != code_digest(codes):
         log(
-            "inductor: the route recompiled to different code than the stored artifact (e.g. autotuning chose other kernels)"
+            "inductor: the route recompiled to different code than the stored artifact (e.g. autotuning chose other "
+            "kernels)"
         )
     return engine
 

@@ -1,4 +1,5 @@
-"""Inductor's native reproduction of a trial: a Python snippet with the torch.compile call and its Inductor configuration.
+"""Inductor's native reproduction of a trial: a Python snippet with the torch.compile call and its Inductor
+configuration.
 
 `compile_inductor.py` compiles the study's module as the trial did (`Engine.create`): the device,
 dtype and memory format of the route, TF32 on or off, and `torch.compile(module, options=OPTIONS)`
@@ -117,10 +118,11 @@ def deployment(request: ExportRequest) -> Deployment:
         },
         commands=[f"python3 {SCRIPT}"],
         needs=f"python3 with {pins} (pip install {pins})" + (f"; and {target}'s package" if target else ""),
-        run=f"`from compile_inductor import compiled` gives the compiled module; `inductor.tar` is the code Inductor generated "
-        f"for it when it was measured ({info.get('graphs', '?')} graph(s), code sha256 {str(info.get('code_sha256', ''))[:12]}).",
+        run="`from compile_inductor import compiled` gives the compiled module; `inductor.tar` is the code Inductor "
+        f"generated for it when it was measured ({info.get('graphs', '?')} graph(s), code sha256 "
+        f"{str(info.get('code_sha256', ''))[:12]}).",
         notes=[
-            "Inductor compiles on first use and may choose other kernels on another machine or torch version (autotuning): "
-            "compare its generated code with inductor.tar."
+            "Inductor compiles on first use and may choose other kernels on another machine or torch version "
+            "(autotuning): compare its generated code with inductor.tar."
         ],
     )

@@ -194,7 +194,8 @@ def compile_options(route: Mapping[str, Value], options: Mapping[str, Any]) -> d
 
 
 def check_config(wanted: Mapping[str, Any]) -> None:
-    """Raise UnknownSwitch for a `torch._inductor.config` name the installed torch lacks or a value of the wrong type."""
+    """Raise UnknownSwitch for a `torch._inductor.config` name the installed torch lacks or a value of the wrong
+    type."""
     defaults = config_defaults()
     for key, value in wanted.items():
         if key not in defaults:

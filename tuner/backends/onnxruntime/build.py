@@ -30,7 +30,8 @@ T = TypeVar("T")
 
 
 def build(route: Route, ctx: BuildContext) -> Artifact:
-    """Write `engine.onnx` for `route` into `ctx.out_dir`: optimised offline, or (if that file does not load) at load."""
+    """Write `engine.onnx` for `route` into `ctx.out_dir`: optimised offline, or (if that file does not load) at
+    load."""
     import onnxruntime as ort
 
     t0 = time.perf_counter()

@@ -34,7 +34,8 @@ def deployment(request: ExportRequest) -> Deployment:
     if at_load:
         notes.append(
             f"{MODEL} is the route's precision variant; ONNX Runtime optimises it when the session opens "
-            f"({level}), because the file it optimised offline did not load again: {info.get('offline_file_refused', '')}"
+            f"({level}), because the file it optimised offline did not load again: "
+            f"{info.get('offline_file_refused', '')}"
         )
     elif graph_level(route) == "ORT_ENABLE_ALL":
         notes.append(
@@ -56,8 +57,8 @@ def deployment(request: ExportRequest) -> Deployment:
             SCRIPT: Path(__file__).with_name("standalone.py").read_text(),
         },
         about={
-            "session.json": "the session the route was timed with, by ONNX Runtime's names: session options, config entries, "
-            "providers and their options; and the model's inputs",
+            "session.json": "the session the route was timed with, by ONNX Runtime's names: session options, config "
+            "entries, providers and their options; and the model's inputs",
             SCRIPT: "opens that session (only onnxruntime and numpy needed) and runs inputs from an .npz: "
             "the median latency and the outputs' shapes as one JSON line",
         },

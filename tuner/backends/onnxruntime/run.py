@@ -13,7 +13,8 @@ from tuner.space import Route
 
 
 class OrtRunner(Runner):
-    """An InferenceSession over the artifact at the graph optimisation level it asks for (off when optimised offline)."""
+    """An InferenceSession over the artifact at the graph optimisation level it asks for (off when optimised
+    offline)."""
 
     def __init__(self, artifact: Artifact, route: Route) -> None:
         self.settings: dict[str, Any] = session_settings(route, AS_IS)

@@ -30,7 +30,8 @@ ENUMS = {"graph_optimization_level": ort.GraphOptimizationLevel, "execution_mode
 
 
 def open_session(model: str | Path, settings: dict[str, Any]) -> ort.InferenceSession:
-    """An InferenceSession over `model` with `settings` (session_options, config_entries, providers, provider_options)."""
+    """An InferenceSession over `model` with `settings` (session_options, config_entries, providers,
+    provider_options)."""
     opts = ort.SessionOptions()
     for name, value in settings["session_options"].items():
         setattr(opts, name, getattr(ENUMS[name], value) if name in ENUMS else value)

@@ -95,7 +95,8 @@ class ReplayBackend(Backend):
         return replay_space(self._landscape(model))
 
     def seed_routes(self, model: ModelInfo) -> list[Route]:
-        """The recorded backend's recommended routes: as recorded, else ONNX Runtime's recipe for an ONNX Runtime recording."""
+        """The recorded backend's recommended routes: as recorded, else ONNX Runtime's recipe for an ONNX Runtime
+        recording."""
         landscape = self._landscape(model)
         if "seed_routes" in landscape.meta:
             return [dict(r) for r in landscape.meta["seed_routes"]]
@@ -126,8 +127,9 @@ class ReplayBackend(Backend):
         return Deployment(
             artifact_name=f"replay{request.artifact.suffix}",
             notes=[
-                f"A replayed trial: no engine was built. Its numbers come from the landscape {LANDSCAPE.get(request.model.options)}, "
-                f"recorded with the {meta['backend']} backend; rebuild the route with that backend (route.json) to deploy it."
+                "A replayed trial: no engine was built. Its numbers come from the landscape "
+                f"{LANDSCAPE.get(request.model.options)}, recorded with the {meta['backend']} backend; rebuild the "
+                "route with that backend (route.json) to deploy it."
             ],
         )
 

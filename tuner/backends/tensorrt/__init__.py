@@ -73,7 +73,8 @@ class TensorRTBackend(Backend):
         return build(load_trt(), route, ctx, device_facts())
 
     def deployment(self, request: ExportRequest) -> Deployment:
-        """engine.plan, the ONNX it was built from, its timing cache, trtexec.sh and build_engine.py (needs no TensorRT here)."""
+        """engine.plan, the ONNX it was built from, its timing cache, trtexec.sh and build_engine.py (needs no TensorRT
+        here)."""
         from tuner.backends.tensorrt.export import deployment
 
         return deployment(request)

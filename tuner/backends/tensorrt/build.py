@@ -102,7 +102,8 @@ def gpt_route(features: Features, config: Any, route: Route) -> str | None:
 def configure_recorded(
     trt: Any, features: Features, config: Any, route: Route, device: DeviceFacts
 ) -> tuple[str | None, list[Call]]:
-    """`configure` and `gpt_route` on `config`, recorded (`recipe.RecordingConfig`): the route string and the calls made."""
+    """`configure` and `gpt_route` on `config`, recorded (`recipe.RecordingConfig`): the route string and the calls
+    made."""
     recording = RecordingConfig(config, trt)
     configure(trt, features, recording, route, device)
     return gpt_route(features, recording, route), recording.calls

@@ -255,7 +255,8 @@ def deployment(request: ExportRequest) -> Deployment:
     cuda_graph = bool(CUDA_GRAPH.get(request.model.options))
     line = trtexec_line(recipe, label, has_cache, cuda_graph)
     files: dict[str, str | bytes | Path] = {
-        "trtexec.sh": f"#!/bin/sh\n# Rebuilds {ENGINE}'s route from {MODEL} with trtexec ({label}) and times the result.\n"
+        "trtexec.sh": f"#!/bin/sh\n# Rebuilds {ENGINE}'s route from {MODEL} with trtexec ({label}) and times the "
+        "result.\n"
         f'set -eu\ncd "$(dirname "$0")"\n{_shell(line)}\n',
         "build_engine.py": build_script(recipe, label, has_cache),
     }
@@ -270,7 +271,8 @@ def deployment(request: ExportRequest) -> Deployment:
     if features.rtx:
         notes.append(
             "Built with TensorRT-RTX: trtexec.sh is written in enterprise TensorRT's trtexec spelling; "
-            "TensorRT-RTX's own command-line tool was not checked against it. build_engine.py uses the tensorrt_rtx module."
+            "TensorRT-RTX's own command-line tool was not checked against it. build_engine.py uses the tensorrt_rtx "
+            "module."
         )
     if not variant.is_file():
         notes.append(
@@ -288,15 +290,15 @@ def deployment(request: ExportRequest) -> Deployment:
         files=files,
         executables=("trtexec.sh", "build_engine.py"),
         about={
-            "trtexec.sh": "the trtexec line that rebuilds the engine: shapes, builder options, tactic sources, build route, "
-            "timing cache",
+            "trtexec.sh": "the trtexec line that rebuilds the engine: shapes, builder options, tactic sources, build "
+            "route, timing cache",
             "build_engine.py": "the same build through the TensorRT Python API",
             MODEL: "the ONNX file (precision variant) the engine was built from",
             CACHE: "the timing cache the build left",
         },
         commands=[" ".join(shlex.quote(a) for a in run)],
-        needs=f"TensorRT {features.version}'s trtexec on PATH (NVIDIA's TensorRT container or tarball; the pip wheels have no trtexec); "
-        f"build_engine.py needs the `{features.flavor}` Python package of that version",
+        needs=f"TensorRT {features.version}'s trtexec on PATH (NVIDIA's TensorRT container or tarball; the pip wheels "
+        f"have no trtexec); build_engine.py needs the `{features.flavor}` Python package of that version",
         run=f"`sh reproduce.sh` times {ENGINE} as it was measured; `sh trtexec.sh` rebuilds it with trtexec, "
         "`python3 build_engine.py` with the Python API.",
         notes=notes,

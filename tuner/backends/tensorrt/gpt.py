@@ -62,7 +62,8 @@ class KnobDatabase:
             if k.option == wanted:
                 return k
         raise TunerError(
-            f"backend.options.gpt_knobs: unknown knob {option!r} (tuner {self.tuner_version} has {len(self.knobs)} knobs)"
+            f"backend.options.gpt_knobs: unknown knob {option!r} (tuner {self.tuner_version} has {len(self.knobs)} "
+            "knobs)"
         )
 
 
@@ -157,7 +158,8 @@ def apply_route(config: Any, route: str) -> None:
     if tokens(taken) != tokens(route):
         missing = sorted(set(tokens(route).items()) - set(tokens(taken).items()))
         raise RouteRejected(
-            f"TensorRT did not take the build route: {len(missing)} token(s) differ, e.g. {' '.join(f'{k}={v}' for k, v in missing[:3])}"
+            f"TensorRT did not take the build route: {len(missing)} token(s) differ, e.g. "
+            f"{' '.join(f'{k}={v}' for k, v in missing[:3])}"
         )
 
 

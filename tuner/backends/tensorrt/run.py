@@ -55,7 +55,8 @@ class TrtRunner(Runner):
             raise RuntimeRefused(f"{api.label} refused to deserialize the engine: {type(exc).__name__}: {exc}") from exc
         if engine is None:
             raise RuntimeRefused(
-                f"{api.label} refused to deserialize the engine on this GPU: {logged_errors(self.logger) or 'no error logged'}"
+                f"{api.label} refused to deserialize the engine on this GPU: "
+                f"{logged_errors(self.logger) or 'no error logged'}"
             )
         context = engine.create_execution_context()
         if context is None:

@@ -23,7 +23,8 @@ UNSET = -1  # "leave TensorRT's own default/heuristic" for integer knobs
 
 
 def trt_space(features: Features, model: ModelInfo, knobs: KnobDatabase, given: GivenPrecision = FP32) -> SearchSpace:
-    """The space TensorRT `features` offers for `model`, with the GPT knobs of `knobs` (`given`: the model's precision)."""
+    """The space TensorRT `features` offers for `model`, with the GPT knobs of `knobs` (`given`: the model's
+    precision)."""
     params = _precision(features, given) + _builder(features) + _tactics(features)
     if features.gpt_api:
         params += knob_params(knobs, model.options)
