@@ -793,10 +793,13 @@ class Seed:
             self.direct,
             """
             SELECT t.number, t.state,
-                   (SELECT value_json FROM trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = 'failure_class'),
+                   (SELECT value_json FROM trial_user_attributes a
+                    WHERE a.trial_id = t.trial_id AND a.key = 'failure_class'),
                    (SELECT json_object_agg(param_name, param_value) FROM trial_params p WHERE p.trial_id = t.trial_id),
-                   (SELECT value_json FROM trial_system_attributes s WHERE s.trial_id = t.trial_id AND s.key = 'fixed_params'),
-                   (SELECT value_json FROM trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = 'cache_hit')
+                   (SELECT value_json FROM trial_system_attributes s
+                    WHERE s.trial_id = t.trial_id AND s.key = 'fixed_params'),
+                   (SELECT value_json FROM trial_user_attributes a
+                    WHERE a.trial_id = t.trial_id AND a.key = 'cache_hit')
             FROM trials t ORDER BY t.number""",
         )
         trials = []
@@ -829,7 +832,8 @@ class Seed:
         duplicate_rows = _query(
             self.direct,
             """
-            SELECT count(*) - count(DISTINCT (study, trial_number, kind, md5(samples_ms::text), md5(stats::text))) FROM tuner_measurements""",
+            SELECT count(*) - count(DISTINCT (study, trial_number, kind, md5(samples_ms::text), md5(stats::text)))
+            FROM tuner_measurements""",
         )[0][0]
         stops = [f for f in self.faults if "reaped_while_stopped" in f]
         sigterms = [f for f in self.faults if f["fault"] == "freeze_long_sigterm" and "skipped" not in f]

@@ -142,7 +142,8 @@ trials = study.get_trials(deepcopy=False)
 conf = study.user_attrs.get("confirmation", {})
 racing = study.user_attrs.get("racing", {})
 base = next(t for t in trials if t.user_attrs.get("source") == "baseline" and t.state == TrialState.COMPLETE)
-feasible = [t for t in trials if t.state == TrialState.COMPLETE and all(v <= 0 for v in t.constraints.values()) and t.number != base.number]
+feasible = [t for t in trials if t.state == TrialState.COMPLETE and all(v <= 0 for v in t.constraints.values())
+            and t.number != base.number]
 
 def study_speedup(t):
     r = racing.get(str(t.number), {})
@@ -152,18 +153,21 @@ def study_speedup(t):
         return t.user_attrs["speedup_paired"], t.user_attrs["speedup_paired_ci"], "paired"
     return base.value / t.value, None, "values"
 
-confirmed = sorted((t for t in feasible if racing.get(str(t.number), {}).get("confirmed")), key=lambda t: -study_speedup(t)[0])
+confirmed = sorted((t for t in feasible if racing.get(str(t.number), {}).get("confirmed")),
+                   key=lambda t: -study_speedup(t)[0])
 best = confirmed[0] if confirmed else (min(feasible, key=lambda t: t.value) if feasible else None)
 rows = []
 for c in conf.get("candidates", []):
     t = next(t for t in trials if t.number == c["trial"])
     s, ci, how = study_speedup(t)
-    rows.append({"trial": c["trial"], "study_speedup": s, "study_ci": ci, "study_speedup_from": how, "confirm_speedup": c.get("speedup"),
-                 "confirm_ci": [c.get("low"), c.get("high")], "agreement": s / c["speedup"] if c.get("speedup") else None})
+    rows.append({"trial": c["trial"], "study_speedup": s, "study_ci": ci, "study_speedup_from": how,
+                 "confirm_speedup": c.get("speedup"), "confirm_ci": [c.get("low"), c.get("high")],
+                 "agreement": s / c["speedup"] if c.get("speedup") else None})
 engine = create_engine(url)
 with engine.connect() as db:
     rounds = [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in db.execute(
-        text("SELECT stats FROM tuner_measurements WHERE study = :s AND kind = 'confirm' AND trial_number = :n ORDER BY id"),
+        text("SELECT stats FROM tuner_measurements WHERE study = :s AND kind = 'confirm' AND trial_number = :n "
+             "ORDER BY id"),
         {"s": name, "n": conf.get("trial", -1)})]
     cached = {r[0]: (json.loads(r[1]) if isinstance(r[1], str) else r[1]) for r in db.execute(
         text("SELECT trial_number, result FROM tuner_results WHERE study = :s"), {"s": name})}
@@ -183,13 +187,17 @@ for t in trials:
     baseline_waits.append(float(info.get("baseline_wait_s", 0.0)) + float(info.get("baseline_load_s", 0.0)))
     if "lock_wait_s" in info:
         waits.append(float(info["lock_wait_s"]))
-        measuring.append(float(info.get("seconds", 0.0)) + sum(float(w.get("seconds", 0.0)) for w in (info.get("warmup") or {}).values()))
+        measuring.append(float(info.get("seconds", 0.0))
+                         + sum(float(w.get("seconds", 0.0)) for w in (info.get("warmup") or {}).values()))
 headline = next((r for r in rows if best is not None and r["trial"] == best.number), None)
 print(json.dumps({
     "baseline_ms": base.value, "best_trial": best.number if best else None, "best_confirmed_in_study": bool(confirmed),
-    "study_speedup": headline["study_speedup"] if headline else None, "confirm_speedup_same_trial": headline["confirm_speedup"] if headline else None,
+    "study_speedup": headline["study_speedup"] if headline else None,
+    "confirm_speedup_same_trial": headline["confirm_speedup"] if headline else None,
     "agreement": headline["agreement"] if headline else None,
-    "confirmation": {k: conf.get(k) for k in ("verdict", "message", "trial", "speedup", "ci", "rounds", "default_median_ms")},
+    "confirmation": {
+        k: conf.get(k) for k in ("verdict", "message", "trial", "speedup", "ci", "rounds", "default_median_ms")
+    },
     "candidates": rows, "winner_round_medians_ms": medians,
     "winner_between_round_cv": statistics.pstdev(medians) / statistics.mean(medians) if len(medians) > 1 else None,
     "timing_s_per_trial_median": statistics.median(timing) if timing else None, "timing_s_total": sum(timing),
@@ -199,7 +207,10 @@ print(json.dumps({
     "baseline_wait_and_load_s_median": statistics.median(baseline_waits) if baseline_waits else None,
     "warmup_and_measuring_s_median": statistics.median(measuring) if measuring else None,
     "slow_pruned": sum(1 for t in trials if t.user_attrs.get("failure_class") == "slow"),
-    "races": {k: {kk: v.get(kk) for kk in ("speedup_refined", "speedup_refined_ci", "remeasured", "confirmed")} for k, v in racing.items()},
+    "races": {
+        k: {kk: v.get(kk) for kk in ("speedup_refined", "speedup_refined_ci", "remeasured", "confirmed")}
+        for k, v in racing.items()
+    },
     "exclusive_timings": sum(1 for i in loads if i.get("exclusive")), "measurements": len(loads),
     "trial_loadavg_1min": [i["loadavg_before"][0] for i in loads if "loadavg_before" in i],
 }))

@@ -159,7 +159,8 @@ def test_a_trial_starts_and_builds_after_a_cpu_timing_unless_its_backend_leaves_
     if idle_build:  # its child started and built while the timing held the cores, and waits only to load the engine
         assert len(records) == 1 and "end" in records[0], records
         assert os.getpid() not in waiting
-    else:  # the worker waits before it even starts the child (whose imports would use the cores), then hands its hold down
+    else:
+        # the worker waits before it even starts the child (whose imports would use the cores), then hands its hold down
         assert records == [] and waiting == {os.getpid()}
     timing.send("release")
     assert timing.reply() == "released"

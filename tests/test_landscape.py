@@ -243,9 +243,11 @@ def test_the_benchmark_command_writes_json_markdown_and_png(recorded, tmp_path: 
 import sys; sys.argv = ['x']
 sys.path.insert(0, {str(REPO)!r})
 import bench.search_efficiency as se
-se.SCENARIOS = (se.Scenario('tiny', {str(recorded[1])!r}, 'tiny', 1.0), se.Scenario('tiny-strict', {str(recorded[1])!r}, 'tiny', 1e-5))
+se.SCENARIOS = (se.Scenario('tiny', {str(recorded[1])!r}, 'tiny', 1.0),
+                se.Scenario('tiny-strict', {str(recorded[1])!r}, 'tiny', 1e-5))
 sys.exit(se.main(['--seeds', '2', '--budget', '6', '--strategies', 'local', 'random', 'gpt-fast',
-                  '--json', {str(tmp_path / "r.json")!r}, '--markdown', {str(tmp_path / "r.md")!r}, '--png', {str(tmp_path / "r.png")!r}]))
+                  '--json', {str(tmp_path / "r.json")!r}, '--markdown', {str(tmp_path / "r.md")!r},
+                  '--png', {str(tmp_path / "r.png")!r}]))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -24,7 +24,8 @@ from tuner.backends.tensorrt.probe import knob_database
 from tuner.backends.tensorrt.version import MODULES, load_trt
 from tuner.errors import MissingLibrary
 
-STAND_IN_TRT_11 = '''"""Stand-in for the TensorRT 11.4 module (its native library cannot run here): what the probe reads."""
+STAND_IN_TRT_11 = '''"""Stand-in for the TensorRT 11.4 module (its native library cannot run here): \
+what the probe reads."""
 import enum
 
 __version__ = "11.4.0.106"

@@ -21,10 +21,12 @@ CAPTIONS = {
     "failure_classes": "How the budget was spent: outcomes accumulated over the trials.",
 }
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222;padding:0 1em}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px;white-space:nowrap}
+table{border-collapse:collapse;margin:1em 0}\
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px;white-space:nowrap}
 td.route{white-space:normal}
 th{background:#f3f3f3}.verdict{padding:.8em 1em;border-left:5px solid #2ca02c;background:#f4fbf4}
-.verdict.none{border-color:#999;background:#f6f6f6}figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:14px}
+.verdict.none{border-color:#999;background:#f6f6f6}figure{margin:1.5em 0}img{max-width:100%}\
+figcaption{color:#555;font-size:14px}
 code{background:#f3f3f3;padding:1px 4px}"""
 
 
@@ -120,7 +122,8 @@ def _top_trials(data: ReportData, limit: int = 10) -> str:
     body = "".join(
         f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{escape(_estimate(t.speedup))}</td>"
         f"<td>{'-' if t.accuracy is None else f'{t.accuracy:.3g}'}</td>"
-        f"<td>{_mib(None if t.artifact_bytes is None else t.artifact_bytes / (1 << 20))}</td><td>{_mib(t.peak_memory_mb)}</td>"
+        f"<td>{_mib(None if t.artifact_bytes is None else t.artifact_bytes / (1 << 20))}</td>"
+        f"<td>{_mib(t.peak_memory_mb)}</td>"
         f'<td class="route"><code>{escape(", ".join(f"{k}={v}" for k, v in t.params.items()))}</code></td>'
         f'<td class="route">{", ".join(str(r.number) for r in rest) or "-"}</td></tr>'
         for t, *rest in list(routes.values())[:limit]
@@ -132,10 +135,8 @@ def _failures(data: ReportData) -> str:
     classes = data.summary.failure_classes
     if not classes:
         return "<p>No trial failed.</p>"
-    return (
-        "<table><tr><th>failure "
-        f"class</th><th>trials</th></tr>{''.join(f'<tr><td>{escape(k)}</td><td>{v}</td></tr>' for k, v in sorted(classes.items()))}</table>"
-    )
+    rows = "".join(f"<tr><td>{escape(k)}</td><td>{v}</td></tr>" for k, v in sorted(classes.items()))
+    return f"<table><tr><th>failure class</th><th>trials</th></tr>{rows}</table>"
 
 
 def render(data: ReportData, figures: dict[str, Path]) -> str:

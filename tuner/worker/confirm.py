@@ -331,7 +331,8 @@ def run_rounds(
             if why:
                 return "decided"
         if r + 1 >= MIN_ROUNDS and not any(c.log_ratios for c in candidates):
-            return "busy"  # every process so far contended: the host's other work keeps the cores, more rounds will not decide
+            # every process so far contended: the host's other work keeps the cores, more rounds will not decide
+            return "busy"
     return "cap"
 
 

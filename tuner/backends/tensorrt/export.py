@@ -130,7 +130,8 @@ def python_lines(call: Call) -> list[str]:
 
 
 BUILD_SCRIPT = '''#!/usr/bin/env python3
-"""Rebuild the exported engine through the TensorRT Python API, with the builder calls the measured build made ({label}).
+"""Rebuild the exported engine through the TensorRT Python API, with the builder calls the measured build \
+made ({label}).
 
     python3 build_engine.py [OUT.plan]    (default {rebuilt}, beside this file; needs the `{module}` Python package)
 
