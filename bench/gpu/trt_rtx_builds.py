@@ -147,10 +147,13 @@ def check_cuda() -> dict[str, Any]:
     try:
         src.upload(host)
         rt = cudart()
-        copy = lambda stream: call(
-            rt.cudaMemcpyAsync(dst.ptr, src.ptr, src.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream),
-            "cudaMemcpyAsync",
-        )  # noqa: E731
+
+        def copy(stream: int) -> Any:
+            return call(
+                rt.cudaMemcpyAsync(dst.ptr, src.ptr, src.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream),
+                "cudaMemcpyAsync",
+            )
+
         graph = Graph(timer.stream, copy)
         seconds = [timer.time(graph.launch) for _ in range(5)]
         graph.destroy()
