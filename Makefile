@@ -1,4 +1,5 @@
-# Route Tuner: `make demo` runs the bundled study; `make test` runs the whole test suite.
+# Route Tuner: `make demo` runs the bundled study; `make test` runs the whole test suite; `make lint` checks the code
+# with ruff.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,7 +7,7 @@ HASH := $(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 CORE := $(VENV)/.core-$(HASH)
 TESTDEPS := $(VENV)/.test-$(HASH)
 
-.PHONY: demo test clean
+.PHONY: demo test lint clean
 
 $(CORE):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,10 @@ TEST_WORKERS ?= 3
 
 test: $(TESTDEPS)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
+lint: $(TESTDEPS)
+	$(VENV)/bin/ruff check tuner tests bench
+	$(VENV)/bin/ruff format --check tuner tests bench
 
 clean:
 	rm -rf $(VENV) studies/.tuner test-artifacts
