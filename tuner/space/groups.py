@@ -19,10 +19,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from tuner.space.params import Route, SearchSpace, Value
 
 GROUP_VALUES_MAX = 4096  # joint values of one group enumerated; larger groups are sampled
 ENUMERATE_UP_TO = 4096  # spaces with up to this many routes have their whole route list
+NEIGHBOURS_MAX = 8192  # routes collected around a route of a larger space (see Groups.within)
 
 
 @dataclass(frozen=True)
@@ -44,14 +47,17 @@ class Groups:
         """Every joint value of `group` (the group's active knobs) with the rest of `route` as it is."""
         return list(itertools.islice(_joint(self.space, route, set(group)), GROUP_VALUES_MAX))
 
-    def moves(self, route: Mapping[str, Value]) -> Iterator[Route]:
-        """The routes one group move away from `route` (one group's joint value changed, the rest kept)."""
+    def moves(self, route: Mapping[str, Value], keep: frozenset[int] = frozenset()) -> Iterator[tuple[int, Route]]:
+        """The routes one group move away from `route` (one group's joint value changed, the rest kept), each with
+        the index of the group moved; the groups whose indices are in `keep` are not moved."""
         here = self.of(route)
         for i, group in enumerate(self.groups):
+            if i in keep:
+                continue
             for joint in self.values(route, group):
                 moved = self.space.complete({**{k: v for k, v in route.items() if k not in group}, **joint})
                 if self.of(moved)[i] != here[i]:
-                    yield moved
+                    yield i, moved
 
     @cached_property
     def size(self) -> int:
@@ -63,23 +69,33 @@ class Groups:
         """Every route of a small space with its joint values."""
         return [(r, self.of(r)) for r in self.space.routes()]
 
-    def within(self, route: Mapping[str, Value], radius: int) -> list[Route]:
+    def within(self, route: Mapping[str, Value], radius: int, rng: np.random.Generator | None = None) -> list[Route]:
         """Every route within `radius` group moves of `route` (itself excluded): from the whole route list of a
-        small space, else by repeated moves."""
+        small space, else by repeated moves, at most NEIGHBOURS_MAX of them.
+
+        In a large space the second ring alone holds millions of routes (one group with thousands of joint
+        values), so each ring is grown from the previous ring's routes in random order (`rng`; in order
+        without one), moving only groups a route has not moved yet, until NEIGHBOURS_MAX routes are collected.
+        """
         if self.size <= ENUMERATE_UP_TO:
             here = self.of(route)
             return [r for r, joint in self._every if 0 < sum(x != y for x, y in zip(here, joint)) <= radius]
-        seen = {_key(route): dict(route)}
-        ring = [dict(route)]
+        seen = {_key(route)}
+        found: list[Route] = []
+        ring: list[tuple[Route, frozenset[int]]] = [(dict(route), frozenset())]
         for _ in range(radius):
-            grown = []
-            for r in ring:
-                for m in self.moves(r):
+            grown: list[tuple[Route, frozenset[int]]] = []
+            for i in rng.permutation(len(ring)) if rng is not None else range(len(ring)):
+                moved_route, moved = ring[i]
+                for group, m in self.moves(moved_route, keep=moved):
                     if _key(m) not in seen:
-                        seen[_key(m)] = m
-                        grown.append(m)
+                        seen.add(_key(m))
+                        grown.append((m, moved | {group}))
+                if len(found) + len(grown) >= NEIGHBOURS_MAX:
+                    return found + [r for r, _ in grown[: NEIGHBOURS_MAX - len(found)]]
+            found += [r for r, _ in grown]
             ring = grown
-        return [r for k, r in seen.items() if k != _key(route)]
+        return found
 
 
 def knob_groups(space: SearchSpace) -> Groups:

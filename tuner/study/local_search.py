@@ -73,7 +73,9 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         centre = self.centre(trials, study)
         candidates: list[Route] = []
         for radius in range(1, len(self.groups.groups) + 1):
-            candidates = [r for r in self.groups.within(centre, radius + REACH) if canonical_route(r) not in tried]
+            candidates = [
+                r for r in self.groups.within(centre, radius + REACH, self.rng) if canonical_route(r) not in tried
+            ]
             if candidates:
                 break
         if not candidates:
