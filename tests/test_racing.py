@@ -4,9 +4,6 @@ ratios."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -14,15 +11,13 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from tests.conftest import REPO, SpecWriter, tuner
+from tests.conftest import SpecWriter, tuner
 from tests.helpers import trials as read_trials
-from tests.test_exclusive import wait_blocked
 from tuner import job as J
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
 from tuner.study import racing as R
 from tuner.study.outcome import judge
-from tuner.worker.timing import BaselineGate
 
 
 def _trial(
@@ -93,29 +88,6 @@ def test_study_value_is_the_baseline_latency_over_the_paired_speedup() -> None:
     )
     j = judge(slow, 0.1, "median", baseline_value=8.0)
     assert j.state == TrialState.PRUNED and j.constraints == (-1.0, -1.0)  # slow, not broken
-
-
-GATE_WAITER = (
-    "import sys; from tuner.worker.timing import BaselineGate; print(BaselineGate(sys.argv[1]).wait(), flush=True)"
-)
-
-
-@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe the waiting process")
-@pytest.mark.parametrize("published", [True, False])
-def test_a_trial_waits_for_the_baseline_gate_and_wakes_when_it_is_published(tmp_path: Path, published: bool) -> None:
-    gate = BaselineGate(tmp_path)
-    with gate.close_for_baseline():
-        waiter = subprocess.Popen(
-            [sys.executable, "-c", GATE_WAITER, str(tmp_path)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        wait_blocked(waiter.pid)  # it waits while the baseline is being evaluated
-        if published:
-            gate.publish({"trial": 0, "path": "/x/engine.onnx"})
-    out, _ = waiter.communicate(timeout=60)
-    assert out.strip() == ("{'trial': 0, 'path': '/x/engine.onnx'}" if published else "None")
 
 
 def test_a_two_worker_study_pairs_every_candidate_with_the_baseline(write_spec: SpecWriter, pg_url: str) -> None:

@@ -112,12 +112,14 @@ class Job:
     atol: float
     rtol: float
     gate_samples: int
-    timeout_s: float
+    timeout_s: float  # the trial's own time: its lock waits are not counted in it (`tuner.worker.isolate`)
+    lock_wait_s: float | None = None  # the most the child waits for host/device locks in all; then environment-error
     # How it is timed: the study's [objective] settings (tuner.objective; None: the device's default).
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     role: str = "candidate"  # "baseline": the study's default route, measured alone (its speedup is 1)
     baseline: dict[str, Any] | None = None  # the baseline engine to pair with: {"trial", "path", "sha256", "route"}
-    baseline_gate: str | None = None  # no baseline yet: wait on this gate for it (tuner.worker.timing.BaselineGate)
+    baseline_wait_s: float = 0.0  # how long the worker waited for the baseline trial before starting the child
+    unpaired: str = ""  # why there is no baseline to pair with, when the worker knows (tuner.worker.pairing)
     incumbent: float | None = None  # stop as `slow` when the speedup interval lies entirely below this
     incumbent_high: float | None = None  # stop as `ahead` when it lies entirely above this
     # The build occupies the host's cores (`Backend.build_uses_host_cores`): the child then starts and builds
@@ -182,3 +184,8 @@ class Result:
 
 if __name__ == "__main__":
     print(failure_list())
+
+
+def wait_log(result_path: Path) -> Path:
+    """Where the child writing `result_path` reports its lock waits (`tuner.measure.exclusive.report_waits`)."""
+    return result_path.with_name("lock-waits.json")

@@ -20,17 +20,28 @@ The child adopts that hold as its build's (`shared(adopt=fd)`) rather than queue
 shared request from a holder could wait behind a queued writer that waits for the first.
 The worker itself holds the lock shared while it samples and records trials (Optuna, the database).
 
-The lock directory is $TUNER_LOCK_DIR, else `<tmp>/tuner-locks-<uid>`; every process of one host
-that times on the same devices must use the same one. Where it cannot be used the timing goes ahead
-and is recorded as not exclusive, with the reason (`Hold`).
+The lock directory is $TUNER_LOCK_DIR, else `$XDG_RUNTIME_DIR/tuner-locks`, else `<tmp>/tuner-locks-<uid>`;
+every process of one host that times on the same devices must use the same one. It is private: created
+0700, used only if it is a real directory (not a link) owned by this user (a looser mode is tightened),
+its files opened 0600 with `O_NOFOLLOW`, so no other local user can hold a device. Where it cannot be
+used the timing goes ahead and is recorded as not exclusive, with the reason (`Hold`).
+
+Waits are bounded where the caller says so (`wait_s`): a lock not had by then raises `LockWaitExpired`
+(an `ETIMEDOUT` error, which `tuner.worker.environment` classes as the machine's, not the route's). A
+process that reports its waits (`report_waits`) writes how long it has waited so far to a small file,
+so its worker can keep waits out of the trial's deadline (`tuner.worker.isolate`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import json
 import os
+import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,8 +54,141 @@ HOST = "host"
 
 
 def lock_dir() -> Path:
-    """The host's lock directory ($TUNER_LOCK_DIR or a per-user directory under the system temp dir)."""
-    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / f"tuner-locks-{os.getuid()}")
+    """The host's lock directory ($TUNER_LOCK_DIR, else private per-user directory; see the module docstring)."""
+    explicit = os.environ.get(LOCK_DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "tuner-locks"
+    return Path(tempfile.gettempdir()) / f"tuner-locks-{os.getuid()}"
+
+
+def private_dir(directory: Path) -> None:
+    """Create `directory` 0700 if missing; raise PermissionError unless it is a real directory of this user.
+
+    A directory of this user with a looser mode is tightened to 0700.
+    """
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(errno.EACCES, "not a directory (a link?); refusing to use it", str(directory))
+    if st.st_uid != os.getuid():
+        raise PermissionError(
+            errno.EACCES, f"owned by uid {st.st_uid}, not this user; refusing to use it", str(directory)
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(directory, 0o700)
+
+
+class LockWaitExpired(TimeoutError):
+    """A lock was not had within the wait allowed (the machine's state, never the route's failure)."""
+
+    def __init__(self, what: str, waited_s: float) -> None:
+        super().__init__(errno.ETIMEDOUT, f"waited {waited_s:.0f} s for the {what} lock (held by another process)")
+
+
+class _WaitLog:
+    """This process's lock waits: their total, the most allowed in all, and the file they are reported to
+    ({"waited_s": total so far, "since": monotonic start of the wait going on, or null})."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.waited_s = 0.0
+        self.limit_s: float | None = None  # the most this process waits for locks in all (None: no bound)
+
+    def allowance(self, wait_s: float | None) -> float | None:
+        """How long the next wait may last: `wait_s`, within what is left of the process's limit."""
+        left = None if self.limit_s is None else max(0.0, self.limit_s - self.waited_s)
+        return left if wait_s is None else wait_s if left is None else min(wait_s, left)
+
+    def write(self, since: float | None) -> None:
+        if self.path is None:
+            return
+        with contextlib.suppress(OSError):  # a report that cannot be written only shortens the deadline's allowance
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"waited_s": self.waited_s, "since": since}))
+            tmp.replace(self.path)
+
+
+WAITS = _WaitLog()
+
+
+def report_waits(path: Path, limit_s: float | None) -> None:
+    """From now on, record this process's lock waits in `path` (read with `waited`); wait `limit_s` at most in all."""
+    WAITS.path, WAITS.limit_s = path, limit_s
+    WAITS.write(None)
+
+
+def waited(path: Path, now: float) -> float:
+    """Seconds the process reporting to `path` has spent waiting for locks up to monotonic time `now`."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0.0
+    since = data.get("since")
+    return float(data.get("waited_s", 0.0)) + (max(0.0, now - float(since)) if since is not None else 0.0)
+
+
+def flock_within(fd: int, flags: int, wait_s: float | None, what: str) -> float:
+    """`flock(fd, flags)`, waiting at most `wait_s` seconds (None: as long as it takes); the seconds waited.
+
+    The wait blocks in the kernel (a waiter is listed in /proc/locks); a bounded one blocks in a thread on a
+    duplicate of `fd`, and one given up on leaves that thread to drop the lock as soon as it gets it. The
+    wait is reported (`WAITS`).
+    """
+    try:
+        fcntl.flock(fd, flags | fcntl.LOCK_NB)
+        return 0.0
+    except BlockingIOError:
+        pass
+    start = time.monotonic()
+    WAITS.write(start)
+    try:
+        if wait_s is None:
+            fcntl.flock(fd, flags)
+        else:
+            _BoundedFlock(fd, flags).wait(wait_s, what)
+        return time.monotonic() - start
+    finally:
+        WAITS.waited_s += time.monotonic() - start
+        WAITS.write(None)
+
+
+class _BoundedFlock:
+    """A blocking flock in a thread, on a duplicate of the descriptor (the lock belongs to the shared open file)."""
+
+    def __init__(self, fd: int, flags: int) -> None:
+        self.dup, self.flags = os.dup(fd), flags
+        self.mutex, self.done = threading.Lock(), threading.Event()
+        self.got = self.abandoned = False
+        self.error: OSError | None = None
+        threading.Thread(target=self._run, daemon=True, name="lock-wait").start()
+
+    def _run(self) -> None:
+        try:
+            fcntl.flock(self.dup, self.flags)
+        except OSError as exc:
+            self.error = exc
+        with self.mutex:
+            self.got = self.error is None
+            if self.abandoned:  # nobody wants it any more: the last descriptor closes, and the lock goes with it
+                os.close(self.dup)
+        self.done.set()
+
+    def wait(self, wait_s: float, what: str) -> None:
+        start = time.monotonic()
+        self.done.wait(wait_s)
+        with self.mutex:
+            if not self.got and self.error is None:
+                self.abandoned = True
+                raise LockWaitExpired(what, time.monotonic() - start)
+        os.close(self.dup)  # the caller's descriptor holds the lock on
+        if self.error is not None:
+            raise self.error
 
 
 def device_key(gpu: bool) -> str:
@@ -82,26 +226,49 @@ class Hold:
 class DeviceLock:
     """The reader/writer lock of one device on this host."""
 
-    def __init__(self, device: str, directory: Path | None = None) -> None:
+    def __init__(
+        self, device: str, directory: Path | None = None, wait_s: float | None = None, go_ahead: bool = False
+    ) -> None:
         self.device = device
         self.directory = directory or lock_dir()
+        self.wait_s = wait_s  # the longest wait (None: as long as the process's limit allows); then LockWaitExpired
+        self.go_ahead = go_ahead  # a wait that expires goes ahead unheld (`Hold.held` False) instead of raising
 
     def _open(self, suffix: str) -> int:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        return os.open(self.directory / f"{self.device}.{suffix}", os.O_RDWR | os.O_CREAT, 0o666)
+        private_dir(self.directory)
+        return os.open(self.directory / f"{self.device}.{suffix}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
 
     @contextlib.contextmanager
     def hold(self, mode: str) -> Iterator[Hold]:
-        """Hold the lock in `mode` ("shared" or "exclusive") for the duration of the block."""
+        """Hold the lock in `mode` ("shared" or "exclusive") for the duration of the block (see `wait_s`)."""
         start = time.perf_counter()
         try:
-            turnstile, rw = self._open("turnstile"), self._open("rw")
+            turnstile = self._open("turnstile")
+            try:
+                rw = self._open("rw")
+            except OSError:
+                os.close(turnstile)
+                raise
         except OSError as exc:
             yield Hold(self.device, mode, False, reason=f"lock directory {self.directory}: {exc.strerror or exc}")
             return
         try:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)
-            fcntl.flock(rw, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
+            try:
+                spent = flock_within(turnstile, fcntl.LOCK_EX, WAITS.allowance(self.wait_s), self.device)
+                flock_within(
+                    rw,
+                    fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH,
+                    WAITS.allowance(None if self.wait_s is None else max(0.0, self.wait_s - spent)),
+                    self.device,
+                )
+                expired = ""
+            except LockWaitExpired as exc:
+                if not self.go_ahead:
+                    raise
+                expired = str(exc)
+            if expired:
+                yield Hold(self.device, mode, False, time.perf_counter() - start, reason=expired)
+                return
             fcntl.flock(turnstile, fcntl.LOCK_UN)
             yield Hold(self.device, mode, True, time.perf_counter() - start, fd=rw)
         finally:

@@ -6,7 +6,9 @@ a native compiler, a hang, an out-of-memory kill) ends this process only; the wo
 The current phase is written to RESULT.json.phase before each step so a crash can be attributed.
 Each phase is one function below; `run_job` strings them together and classifies what they raise.
 The child dies with its worker (`PR_SET_PDEATHSIG`) and ends itself at its own deadline (SIGALRM,
-whose default action ends the process even inside native code), a little after the worker's.
+whose default action ends the process even inside native code), a little after the worker's. Its
+waits for host and device locks are bounded (`Job.lock_wait_s`, in all), reported beside its result (`tuner.job.wait_log`)
+so the worker keeps them out of the deadline, and one that expires is an `environment-error`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo
 from tuner.errors import TrialFailure
 from tuner.files import atomic_write
 from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
-from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold
+from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold, report_waits
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.memory import MemoryProbe
 from tuner.measure.reference import load_reference
@@ -198,7 +200,8 @@ def main(argv: list[str]) -> int:
     startup_hold = inherited_startup_hold()
     job_path, result_path = Path(argv[0]), Path(argv[1])
     job = J.Job.read(job_path)
-    signal.alarm(math.ceil(job.timeout_s + DEADLINE_MARGIN_S))
+    report_waits(J.wait_log(result_path), job.lock_wait_s)
+    signal.alarm(math.ceil(job.timeout_s + (job.lock_wait_s or 0.0) + DEADLINE_MARGIN_S))
     try:
         res = run_job(job, result_path, startup_hold)
         atomic_write(result_path, res.to_json())

@@ -1,7 +1,10 @@
 """Run a job in a fresh child process with a wall-clock timeout and classify how it ended.
 
 The child starts under a shared hold of the host lock taken here and handed down to it
-(`tuner.measure.exclusive`): its start-up never overlaps another worker's CPU timing.
+(`tuner.measure.exclusive`): its start-up never overlaps another worker's CPU timing. Lock waits are
+not the route's time: the hold is taken before the deadline starts, the child's own waits (which it
+reports, `tuner.job.wait_log`) extend the deadline, and a wait that expires ends the trial
+as an `environment-error` (never counted, never cached).
 The child is tied to this process (`PR_SET_PDEATHSIG`, see `tuner.worker.lifeline`) and carries its
 own deadline, so it never outlives a worker killed with SIGKILL and never hangs on as an orphan.
 Where the job allows it (`Job.preload`, from `Backend.fork_safe`) the child is forked from a server
@@ -14,10 +17,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from tuner import job as J
-from tuner.measure.exclusive import HOST, STARTUP_HOLD_ENV, DeviceLock
+from tuner.measure.exclusive import HOST, STARTUP_HOLD_ENV, DeviceLock, LockWaitExpired, waited
 from tuner.store.urls import env_without_credentials
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.forkserver import Child, start_child
@@ -74,28 +78,45 @@ def run_isolated(
         if fault is None:
             raise
         return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=f"could not prepare {trial_dir}: {fault}")
+    waits = J.wait_log(result_path)
+    waits.unlink(missing_ok=True)
     with log:
-        with DeviceLock(HOST).shared() if job.build_holds_cores else contextlib.nullcontext() as hold:
-            kept = hold.fd if hold is not None and hold.held else None
-            handed = {STARTUP_HOLD_ENV: str(kept)} if kept is not None else {}
-            handle.proc = proc = start_child(
-                [str(job_path), str(result_path)],
-                child_env({**(env or {}), **handed}),
-                log.fileno(),
-                kept,
-                job.preload,
-                child_env(),
-            )
+        try:
+            with (
+                DeviceLock(HOST, wait_s=job.lock_wait_s).shared() if job.build_holds_cores else contextlib.nullcontext()
+            ) as hold:
+                kept = hold.fd if hold is not None and hold.held else None
+                handed = {STARTUP_HOLD_ENV: str(kept)} if kept is not None else {}
+                handle.proc = proc = start_child(
+                    [str(job_path), str(result_path)],
+                    child_env({**(env or {}), **handed}),
+                    log.fileno(),
+                    kept,
+                    job.preload,
+                    child_env(),
+                )
+        except LockWaitExpired as exc:
+            return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=str(exc))
         if handle.killed:  # a stop arrived while the child was being started
             _killpg(proc.pid)
-        timed_out = False
-        try:
-            rc = proc.wait(timeout=job.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _killpg(proc.pid)
-            rc = proc.wait()
+        timed_out, rc = wait_child(proc, time.monotonic(), job.timeout_s, waits)
     return classify(rc, timed_out, handle.killed, job.timeout_s, _read(result_path), _tail(log_path))
+
+
+def wait_child(proc: Child, started: float, timeout_s: float, waits: Path) -> tuple[bool, int]:
+    """Wait for the child until `timeout_s` of its own time (its reported lock waits not counted) have passed
+    since monotonic `started`; kill it then. (timed out, exit status)."""
+    while True:
+        now = time.monotonic()
+        left = started + timeout_s + waited(waits, now) - now
+        try:
+            return False, proc.wait(timeout=max(left, 0.01))
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if started + timeout_s + waited(waits, now) - now > 0:
+                continue  # the child waited for a lock meanwhile: its deadline moved
+            _killpg(proc.pid)
+            return True, proc.wait()
 
 
 def classify(rc: int, timed_out: bool, stopped: bool, timeout_s: float, res: J.Result, tail: str) -> J.Result:

@@ -52,7 +52,7 @@ def preload(backend: Backend, route: dict[str, Any]) -> list[str] | None:
 def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any) -> J.Job:
     """The child's job for building and measuring `route` of the study `ctx`.
 
-    `pairing` sets the job's role, baseline, baseline_gate and incumbent (see `tuner.job.Job`);
+    `pairing` sets the job's role, baseline and incumbent (see `tuner.job.Job`);
     without it the route is timed alone.
     """
     spec = ctx.spec
@@ -72,6 +72,7 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
         rtol=spec.accuracy.rtol,
         gate_samples=spec.data.gate_samples,
         timeout_s=spec.run.trial_timeout_s,
+        lock_wait_s=spec.run.trial_timeout_s,  # a lock held that long is held by a stuck process
         objective=spec.objective,
         build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options),
         preload=preload(ctx.backend, route),

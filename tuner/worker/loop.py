@@ -17,7 +17,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,10 +37,11 @@ from tuner.study.note import update_note
 from tuner.study.sampler import make_sampler
 from tuner.study.setup import Context
 from tuner.worker.environment import environment_fault
+from tuner.worker.heartbeat import Heartbeat
 from tuner.worker.isolate import ChildHandle, run_isolated
 from tuner.worker.jobs import make_job, measure_settings, measurement_stats
+from tuner.worker.pairing import Pairing
 from tuner.worker.race import Racer
-from tuner.worker.timing import BaselineGate
 
 log = logging.getLogger("tuner.worker")
 T = TypeVar("T")
@@ -97,11 +97,22 @@ class Worker:
             self._environment()
         )  # recorded with each trial: where it was measured (an export's README says)
         self.env_id = self.results.record_environment(self.environment)
-        self.gate = BaselineGate(ctx.work_dir)
-        self.holding_gate = ExitStack()  # the baseline gate, while this worker evaluates the baseline trial
         self.racer = Racer(ctx, self.study, self.results, self.name, self.stop.child)
+        run = self.spec.run
+        self.pairing = Pairing(
+            self.study,
+            self.racer,
+            run.racing,
+            self.stop.event,
+            min(1.0, run.heartbeat_s),
+            run.trial_timeout_s,
+            self.reap,
+            self._db,
+        )
         self.env_streak = 0  # trials in a row that ended in an environment error
-        self.cores = DeviceLock(HOST)  # held shared while sampling and recording (CPU work): no CPU timing meanwhile
+        # Held shared while sampling and recording (CPU work): no CPU timing meanwhile; a wait as long as a trial
+        # (a stuck holder) goes ahead without it.
+        self.cores = DeviceLock(HOST, wait_s=run.trial_timeout_s, go_ahead=True)
 
     def _db(self, fn: Callable[[], T]) -> T:
         """`fn()` retried until the database answers, however long that takes, or until a stop."""
@@ -147,15 +158,10 @@ class Worker:
 
     def _hand_back(self, trial: optuna.Trial) -> None:
         """A reserved trial that will not run: interrupted (not counted), its route re-queued."""
-        try:
-            self._db(
-                lambda: self._tell(
-                    trial, J.Result(status=J.INTERRUPTED, message="stopped before it ran; re-queued"), {}
-                )
-            )
-            self._db(lambda: self.leases.release(oa.trial_id(trial)))
-        finally:
-            self.holding_gate.close()
+        self._db(
+            lambda: self._tell(trial, J.Result(status=J.INTERRUPTED, message="stopped before it ran; re-queued"), {})
+        )
+        self._db(lambda: self.leases.release(oa.trial_id(trial)))
 
     def reserve(self) -> tuple[optuna.Trial | None, int]:
         """Under the study lock: count, and ask only if budget remains. Returns (trial, running)."""
@@ -166,8 +172,6 @@ class Worker:
             held.check()  # a frozen holder's lock is released by the server: then count again, do not ask
             trial = self.study.ask()
             self.leases.take(oa.trial_id(trial), self.owner)
-            if trial.user_attrs.get("source") == racing.BASELINE_SOURCE:
-                self.holding_gate.enter_context(self.gate.close_for_baseline())  # before any later trial exists
             return trial, counts.running
 
     def reap(self) -> list[int]:
@@ -211,36 +215,14 @@ class Worker:
         `started` is when this worker began reserving the trial; the time not spent inside the
         child's build/check/time phases is recorded as the tuner's own overhead (`overhead_s`).
         """
-        route = self._db(lambda: self._on_cores(lambda: self.ctx.space.suggest(trial)))  # sampling reads the study
-        beating = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(oa.trial_id(trial), beating), daemon=True)
-        beat.start()
-        try:
+        with Heartbeat(self.leases, oa.trial_id(trial), self.spec.run.heartbeat_s):
+            route = self._db(lambda: self._on_cores(lambda: self.ctx.space.suggest(trial)))  # sampling reads the study
             result, extra = self.evaluate(trial.number, route)
-        finally:
-            beating.set()
-            beat.join()
         if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT, J.ENVIRONMENT_ERROR):
             result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
         wall = time.perf_counter() - started
         extra.update(trial_wall_s=round(wall, 4), overhead_s=round(wall - sum(result.phase_s.values()), 4))
-        try:
-            self._db(lambda: self._on_cores(lambda: self._tell(trial, result, extra)))
-            if (
-                result.status == J.OK
-                and result.artifact_path
-                and trial.user_attrs.get("source") == racing.BASELINE_SOURCE
-            ):
-                self.gate.publish(
-                    {
-                        "trial": trial.number,
-                        "path": result.artifact_path,
-                        "sha256": result.artifact_sha256,
-                        "route": route,
-                    }
-                )
-        finally:
-            self.holding_gate.close()
+        self._db(lambda: self._on_cores(lambda: self._tell(trial, result, extra)))
         self._db(lambda: self.leases.release(oa.trial_id(trial)))
         self._pace(result)
 
@@ -299,18 +281,6 @@ class Worker:
             with study_lock(self.ctx.url, self.spec.study):
                 self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"), env_requeues)
 
-    def _heartbeat(self, trial_id: int, stop: threading.Event) -> None:
-        while not stop.wait(self.spec.run.heartbeat_s):
-            try:
-                self.leases.beat(trial_id)
-            except Exception as exc:  # a missed beat is retried next period; the grace period covers it
-                if is_db_fault(exc):
-                    OUTAGE.failed(exc)
-                else:
-                    log.warning("heartbeat failed: %s", type(exc).__name__)
-            else:
-                OUTAGE.recovered()
-
     def evaluate(self, number: int, route: dict[str, Any]) -> tuple[J.Result, dict[str, Any]]:
         """The result for `route`: known-invalid, from the cache, or built and measured in a child."""
         spec = self.spec
@@ -359,7 +329,11 @@ class Worker:
     def _run_child(self, number: int, route: dict[str, Any]) -> J.Result:
         """Build and measure in a fresh child; an environment error is retried (ENV_ATTEMPTS runs in all)."""
         trial_dir = self.ctx.trials_dir / f"{number:05d}"
-        job = make_job(self.ctx, route, trial_dir / "out", **self._pairing(number))
+        try:
+            pairing = self.pairing.for_trial(number)
+        except TimeoutError as exc:
+            return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=str(exc.strerror or exc))
+        job = make_job(self.ctx, route, trial_dir / "out", **pairing)
         for attempt in range(ENV_ATTEMPTS):
             result = run_isolated(job, trial_dir, self.stop.child, self.child_env)
             if result.status != J.ENVIRONMENT_ERROR:
@@ -372,28 +346,6 @@ class Worker:
         self._db(lambda: self._upload_log(number, trial_dir))
         shutil.rmtree(trial_dir / "out", ignore_errors=True)
         return result
-
-    def _pairing(self, number: int) -> dict[str, Any]:
-        """What trial `number` is timed against: its role, the baseline engine (or the gate to wait on), the
-        incumbent."""
-        trials = self._db(lambda: self.study.get_trials(deepcopy=False))
-        this = next(t for t in trials if t.number == number)
-        if racing.is_baseline(this):
-            return {"role": "baseline"}
-        base = racing.baseline_trial(trials)
-        # racing = false: no re-measuring and no early stop as `slow`
-        # (every route measured in full, as a landscape needs)
-        raced = racing.races(self.study)
-        pairing: dict[str, Any] = (
-            {"incumbent": racing.incumbent(trials, raced), "incumbent_high": racing.incumbent_high(trials, raced)}
-            if self.spec.run.racing
-            else {}
-        )
-        if base is not None:
-            pairing["baseline"] = self.racer.baseline_engine(base)
-        elif racing.baseline_pending(trials):
-            pairing["baseline_gate"] = str(self.ctx.work_dir)
-        return pairing
 
     def _keep_artifact(self, result: J.Result, out_dir: Path) -> None:
         """Check the child's artifact and move it to the content-addressed store (work_dir/artifacts/<sha256><suffix>).

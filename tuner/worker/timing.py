@@ -1,12 +1,9 @@
 """The timing phase of a trial's child: paired against the study's baseline engine, exclusive on its device.
 
-1. **The baseline engine.** The job names the baseline trial's stored artifact (`job.baseline`), or,
-   when the baseline trial had not finished as this trial started, a gate to wait on
-   (`job.baseline_gate`, a `BaselineGate`). The worker evaluating the baseline trial holds that gate
-   exclusive from the moment it reserved the trial (under the study lock, so before any later
-   trial exists) until it has told the result and published `baseline.json`; a waiting child takes
-   the gate shared and so wakes exactly then. Without a published record (the baseline failed, its
-   worker died, or it runs on another host) the trial is measured unpaired: `paired` False and
+1. **The baseline engine.** The job names the baseline trial's stored artifact (`job.baseline`): a
+   worker whose trial starts while the baseline trial is still running waits for it before starting
+   the child (`tuner.worker.pairing`, outside the trial's deadline). Without one (the baseline failed,
+   nobody runs it, or it ran on another host) the trial is measured unpaired: `paired` False and
    `unpaired` says why. The baseline is loaded by the trial's own backend from its stored artifact,
    holding the host lock shared like a build. Inductor recompiles it from its on-disk cache:
    `baseline_load_s` records what that costs per trial.
@@ -31,16 +28,14 @@ replayed trial is measured by the same code in microseconds.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from tuner import job as J
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, Runner
-from tuner.files import atomic_write
 from tuner.measure.contention import Probe
 from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
 from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
@@ -49,33 +44,6 @@ from tuner.objective import CPU, GPU
 
 GPU_CLOCKS = ("cuda-event", "cuda-events")
 MIN_BLOCK_CALLS = 3  # a block's median of at least 3 calls: one disturbed call does not move it
-
-
-class BaselineGate:
-    """Where the study's baseline engine is announced to trials that reached timing before it existed."""
-
-    def __init__(self, work_dir: Path) -> None:
-        self.directory = Path(work_dir) / "locks"
-        self.lock = DeviceLock("baseline", self.directory)
-        self.record = self.directory / "baseline.json"
-
-    def close_for_baseline(self) -> AbstractContextManager[Any]:
-        """Held by the worker evaluating the baseline trial; forgets any earlier record first."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.record.unlink(missing_ok=True)
-        return self.lock.exclusive()
-
-    def publish(self, baseline: dict[str, Any]) -> None:
-        """Announce the baseline's stored artifact (while the gate is still held)."""
-        atomic_write(self.record, json.dumps(baseline))
-
-    def wait(self) -> dict[str, Any] | None:
-        """Block until no worker holds the gate; the published baseline, or None."""
-        with self.lock.shared():
-            try:
-                return json.loads(self.record.read_text())
-            except (OSError, ValueError):
-                return None
 
 
 def policy_for(job: J.Job, gpu: bool) -> PairedPolicy:
@@ -114,15 +82,11 @@ def _baseline(job: J.Job, backend: Backend, ctx: BuildContext, stack: ExitStack,
         info["unpaired"] = "this is the baseline trial (its speedup is 1 by definition)"
         return None
     base = job.baseline
-    if base is None and job.baseline_gate:
-        t0 = time.perf_counter()
-        base = BaselineGate(Path(job.baseline_gate)).wait()
-        info["baseline_wait_s"] = round(time.perf_counter() - t0, 4)
     if base is None or not Path(str(base.get("path"))).is_file():
         info["unpaired"] = (
             "the baseline trial has no stored artifact on this host"
-            if job.baseline or job.baseline_gate
-            else "no baseline engine to pair with (timed alone)"
+            if base is not None
+            else job.unpaired or "no baseline engine to pair with (timed alone)"
         )
         return None
     t0 = time.perf_counter()
@@ -138,7 +102,10 @@ def _baseline(job: J.Job, backend: Backend, ctx: BuildContext, stack: ExitStack,
 
 def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, feed: Feed, res: J.Result) -> None:
     """Time `runner` (paired with the baseline where there is one) and record it all in `res`."""
-    info: dict[str, Any] = {"role": job.role}
+    info: dict[str, Any] = {
+        "role": job.role,
+        **({"baseline_wait_s": job.baseline_wait_s} if job.role != "baseline" else {}),
+    }
     with ExitStack() as stack:
         baseline = _baseline(job, backend, ctx, stack, info)
         gpu = runner.timing_info().get("clock") in GPU_CLOCKS
