@@ -187,3 +187,93 @@ def test_a_child_that_waits_too_long_for_a_lock_is_an_environment_error(
     finally:
         holder.communicate("")
     assert result.status == J.ENVIRONMENT_ERROR and "waited" in result.message, result.message
+
+
+# -- atomic transitions and idempotent writes: a connection that breaks after its COMMIT ----------------
+
+
+@pytest.fixture
+def faulty(write_spec: SpecWriter, pg_url: str):  # noqa: ANN201
+    """(worker, watch): a real worker whose database connections pass a proxy that can break them after a COMMIT."""
+    from tests.pg_faults import Watch
+    from tests.proxy import TcpProxy
+    from tuner.store.urls import normalize_url
+    from tuner.study.setup import prepare
+    from tuner.worker.loop import Worker
+
+    watch = Watch()
+    proxy = TcpProxy(5432, watch=watch)
+    proxy.start()
+    url = normalize_url(pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"))
+    ctx = Context(load_spec(write_spec(**{"run.grace_s": 60.0})), url)
+    prepare(ctx)
+    yield Worker(ctx, budget=10), watch
+    proxy.cut()
+
+
+def _dead_owner_trial(worker) -> int:  # noqa: ANN001
+    """A RUNNING trial of an enqueued route whose worker (on this host) is dead: reaped at once."""
+    from tuner.store.leases import Owner
+    from tuner.study import optuna_adapter as oa
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    worker.study.enqueue_trial(worker.ctx.space.default_route(), user_attrs={"source": "baseline"})
+    trial = worker.study.ask()
+    worker.leases.take(oa.trial_id(trial), Owner("w9-gone", pid=gone.pid))
+    return trial.number
+
+
+def test_a_reap_broken_after_each_commit_re_queues_once(faulty) -> None:  # noqa: ANN001
+    worker, watch = faulty
+    number = _dead_owner_trial(worker)
+    watch.drop_after_commit("reap", "requeue", "tell")
+    assert worker._db(worker.reap) in ([number], [])  # the retried reap finishes what the broken one began
+    worker._db(worker.reap)
+    ts = worker.study.get_trials(deepcopy=False)
+    assert set(watch.dropped) >= {"reap", "requeue"}
+    lost = next(t for t in ts if t.number == number)
+    assert lost.state == TrialState.FAIL and lost.user_attrs["failure_class"] == "lost"
+    again = [t for t in ts if t.user_attrs.get("retry_of") == number]
+    assert len(again) == 1 and again[0].state == TrialState.WAITING and again[0].user_attrs["source"] == "baseline", [
+        (t.number, t.state, t.user_attrs, t.system_attrs) for t in ts
+    ]
+
+
+def test_an_interrupted_tell_broken_after_each_commit_re_queues_once(faulty) -> None:  # noqa: ANN001
+    from tuner.study import optuna_adapter as oa
+
+    worker, watch = faulty
+    worker.study.enqueue_trial(worker.ctx.space.default_route())
+    trial = worker.study.ask()
+    worker.leases.take(oa.trial_id(trial), worker.owner)
+    watch.drop_after_commit("requeue", "tell")
+    worker._hand_back(trial)
+    ts = worker.study.get_trials(deepcopy=False)
+    assert set(watch.dropped) == {"requeue", "tell"}
+    assert next(t for t in ts if t.number == trial.number).user_attrs["failure_class"] == J.INTERRUPTED
+    assert len([t for t in ts if t.user_attrs.get("retry_of") == trial.number]) == 1
+
+
+def test_a_measurement_and_a_racing_change_broken_after_their_commit_are_kept_once(faulty) -> None:  # noqa: ANN001
+    from tuner.study import racing
+
+    worker, watch = faulty
+    racer, run_id = worker.racer, "run-1"
+    assert racer._claim(7, run_id)
+    measured = J.Result(
+        status=J.OK,
+        latency={"median": 1.0},
+        samples_ms=[1.0, 1.0, 1.1],
+        paired={"paired": True, "speedup": 1.02, "log_ratios": [0.01, 0.03, 0.02, 0.015, 0.025, 0.02, 0.018, 0.022]},
+    )
+    watch.drop_after_commit("record")
+    assert racer._record(7, run_id, measured, 1.0)
+    assert set(watch.dropped) == {"record"}
+    rows = [m for m in worker.results.measurements("tiny") if m.trial_number == 7]
+    assert len(rows) == 1  # the retried insert added nothing
+    entry = racing.races(worker.study)["7"]
+    assert entry["remeasured"] == 1 and entry["claim"] is None
+    assert racer._record(7, run_id, measured, 1.0)  # a record repeated (its reply lost) changes nothing again
+    assert racing.races(worker.study)["7"]["remeasured"] == 1
+    assert len([m for m in worker.results.measurements("tiny") if m.trial_number == 7]) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from typing import Any
 
 from sqlalchemy import select
@@ -49,6 +50,11 @@ def cache_key(
     )
 
 
+def new_run_id() -> str:
+    """A fresh id for one timing run's measurement row (chosen once, outside the retried insert)."""
+    return uuid.uuid4().hex
+
+
 def _upsert_ignore(session: Session, model: type, values: dict[str, Any]) -> None:
     """INSERT ... ON CONFLICT DO NOTHING, on PostgreSQL and SQLite alike."""
     dialect = session.get_bind().dialect.name
@@ -88,6 +94,7 @@ class ResultStore:
     @retried
     def add_measurement(
         self,
+        run_id: str,
         study: str,
         trial_number: int,
         result_key: str,
@@ -96,19 +103,22 @@ class ResultStore:
         samples_ms: list[float],
         timing_info: dict[str, Any],
     ) -> None:
-        """Keep a timing run's raw samples."""
+        """Keep a timing run's raw samples, once: `run_id` (`new_run_id()`, chosen before any retry) is unique."""
         with Session(self.engine) as s, s.begin():
-            s.add(
-                Measurement(
-                    study=study,
-                    trial_number=trial_number,
-                    result_key=result_key,
-                    kind=kind,
-                    stats=stats,
-                    samples_ms=samples_ms,
-                    timing_info=timing_info,
-                    created_at=time.time(),
-                )
+            _upsert_ignore(
+                s,
+                Measurement,
+                {
+                    "run_id": run_id,
+                    "study": study,
+                    "trial_number": trial_number,
+                    "result_key": result_key,
+                    "kind": kind,
+                    "stats": stats,
+                    "samples_ms": samples_ms,
+                    "timing_info": timing_info,
+                    "created_at": time.time(),
+                },
             )
 
     @retried

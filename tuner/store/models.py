@@ -57,6 +57,8 @@ class Measurement(Base):
     samples_ms: Mapped[list[float]] = mapped_column(JSON)
     timing_info: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float)
+    # One id per timing run, chosen before it is stored: a retried insert of the same run adds nothing.
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
 
 
 class ArtifactRecord(Base):
@@ -81,6 +83,7 @@ class Lease(Base):
     pid: Mapped[int] = mapped_column(Integer)
     heartbeat_at: Mapped[float] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16))  # running | done | reaped
+    epoch: Mapped[int] = mapped_column(Integer, default=0)  # raised by every take and reap: a settling write checks it
 
 
 class StudyRecord(Base):

@@ -163,3 +163,35 @@ def count_with_attr(url: str, study: int, state: str, key: str, values: Iterable
     params = {"s": study, "state": state, "key": key, **{f"v{i}": v for i, v in enumerate(wanted)}}
     with get_engine(url).connect() as conn:
         return int(conn.execute(text(sql), params).scalar() or 0)
+
+
+def enqueue_retry(study: optuna.Study, params: dict[str, Any], user_attrs: dict[str, Any]) -> bool:
+    """Enqueue `params` as the retry of trial `user_attrs["retry_of"]`, unless one exists; False if it did.
+
+    The check and the insert are one transaction (the study row locked, as Optuna locks it to number a
+    trial), and it is not retried inside: Optuna's own `create_new_trial` repeats its insert after a
+    connection that broke once the COMMIT was sent, which would enqueue the route twice.
+    """
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    storage = storage_of(study)
+    backend: RDBStorage = getattr(storage, "_backend", storage)  # under Optuna's cache layer, if any
+    template = optuna.trial.create_trial(
+        state=TrialState.WAITING, system_attrs={"fixed_params": params}, user_attrs=user_attrs
+    )
+    with _create_scoped_session(backend.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study_id(study), session, for_update=True)
+        exists = session.execute(
+            select(models.TrialUserAttributeModel.trial_user_attribute_id)
+            .join(models.TrialModel, models.TrialModel.trial_id == models.TrialUserAttributeModel.trial_id)
+            .where(
+                models.TrialModel.study_id == study_id(study),
+                models.TrialUserAttributeModel.key == "retry_of",
+                models.TrialUserAttributeModel.value_json == json.dumps(user_attrs["retry_of"]),
+            )
+            .limit(1)
+        ).first()
+        if exists is not None:
+            return False
+        backend._get_prepared_new_trial(study_id(study), template, session)
+    return True

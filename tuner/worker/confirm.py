@@ -46,7 +46,7 @@ from tuner import job as J
 from tuner.errors import TunerError
 from tuner.measure.speedup import Speedup, pooled_speedup
 from tuner.space import canonical_route
-from tuner.store.cache import ResultStore
+from tuner.store.cache import ResultStore, new_run_id
 from tuner.store.db import confirmation_lock, db_now
 from tuner.study.outcome import is_feasible
 from tuner.study.reuse import WRAPPER, reuse_env
@@ -524,9 +524,17 @@ class Session:
         if res.status == J.OK and res.latency and res.paired.get("paired"):
             key, study, stats = f"confirm-{self.run_id}", self.ctx.spec.study, {"round": r, "paired": _pairing(res)}
             self.store.add_measurement(
-                study, candidate.number, key, "confirm", {**res.latency, **stats}, res.samples_ms, res.timing_info
+                new_run_id(),
+                study,
+                candidate.number,
+                key,
+                "confirm",
+                {**res.latency, **stats},
+                res.samples_ms,
+                res.timing_info,
             )
             self.store.add_measurement(
+                new_run_id(),
                 study,
                 self.default.number,
                 key,

@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from tuner import job as J
 from tuner.measure.exclusive import HOST, DeviceLock
 from tuner.measure.inputs import file_hash
-from tuner.store.cache import ResultStore, cache_key
+from tuner.store.cache import ResultStore, cache_key, new_run_id
 from tuner.store.db import OUTAGE, STOP, db_retry, is_db_fault, study_lock
 from tuner.store.leases import Leases, Owner
 from tuner.study import optuna_adapter as oa
@@ -189,15 +189,18 @@ class Worker:
                 frozen = storage.get_trial(trial_id)
                 if frozen.state != TrialState.RUNNING or not self.leases.claim_reap(trial_id, self.spec.run.grace_s):
                     continue
+                # Re-queued first, then failed: a fault between the two leaves a RUNNING trial with its re-queue,
+                # which the next reap finishes (the re-queue is idempotent on retry_of), never a lost re-queue.
+                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"))
                 storage.set_trial_user_attr(trial_id, "failure_class", J.LOST)
                 storage.set_trial_user_attr(trial_id, "message", "its worker stopped heart-beating; re-queued")
                 storage.set_trial_state_values(trial_id, TrialState.FAIL)
-                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"))
                 reaped.append(frozen.number)
                 log.warning("trial %d lost its worker; re-queued", frozen.number)
         return reaped
 
     def _requeue(self, params: dict[str, Any], number: int, source: str | None, env_requeues: int = 0) -> None:
+        """Enqueue trial `number`'s route again, unless it already was (idempotent on `retry_of`); under the study lock."""
         if not params:
             return  # it never sampled a route: the sampler proposes afresh
         attrs: dict[str, Any] = {"retry_of": number}
@@ -205,7 +208,7 @@ class Worker:
             attrs["env_requeues"] = env_requeues
         if source:
             attrs["source"] = source
-        self.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)
+        oa.enqueue_retry(self.study, params, attrs)  # idempotent: an earlier attempt may have enqueued it
 
     # -- one trial ----------------------------------------------------------------------------
 
@@ -252,9 +255,20 @@ class Worker:
         self.stop.event.wait(pause)
 
     def _tell(self, trial: optuna.Trial, result: J.Result, extra: dict[str, Any]) -> None:
+        """Record the outcome; an uncounted one re-queues the route first (both steps safe to repeat)."""
         frozen = oa.storage_of(self.study).get_trial(oa.trial_id(trial))
         if frozen.state.is_finished():
             return  # an earlier attempt was committed before the connection dropped
+        env_requeues = int(frozen.user_attrs.get("env_requeues", 0)) + 1 if result.status == J.ENVIRONMENT_ERROR else 0
+        if env_requeues > ENV_REQUEUES:
+            log.warning(
+                "trial %d: its route met environment errors in %d trials; given up (not re-queued, not counted)",
+                frozen.number,
+                env_requeues,
+            )
+        elif result.status in (J.INTERRUPTED, J.ENVIRONMENT_ERROR):
+            with study_lock(self.ctx.url, self.spec.study):
+                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"), env_requeues)
         attrs = outcome.user_attrs(
             result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name}
         )
@@ -270,16 +284,6 @@ class Worker:
             self.spec.objective.max_memory_mb,
         )
         update_note(self.study)  # never raises: the dashboard's study note states the best feasible trial
-        env_requeues = int(frozen.user_attrs.get("env_requeues", 0)) + 1 if result.status == J.ENVIRONMENT_ERROR else 0
-        if env_requeues > ENV_REQUEUES:
-            log.warning(
-                "trial %d: its route met environment errors in %d trials; given up (not re-queued, not counted)",
-                frozen.number,
-                env_requeues,
-            )
-        elif result.status in (J.INTERRUPTED, J.ENVIRONMENT_ERROR):
-            with study_lock(self.ctx.url, self.spec.study):
-                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"), env_requeues)
 
     def evaluate(self, number: int, route: dict[str, Any]) -> tuple[J.Result, dict[str, Any]]:
         """The result for `route`: known-invalid, from the cache, or built and measured in a child."""
@@ -423,6 +427,7 @@ class Worker:
         )
         if result.samples_ms:
             self.results.add_measurement(
+                new_run_id(),
                 self.spec.study,
                 number,
                 key,

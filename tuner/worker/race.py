@@ -7,7 +7,9 @@ Each re-measurement is kept (`tuner_measurements`, kind `race`), every paired cy
 pooled into one refined interval, and the study's `racing` document is updated under the study
 lock. A trial is claimed there while it is re-measured, so two workers never race the same trial
 at once; a claim older than the trial timeout (by the database clock, one for every host) belongs to a
-dead worker and is taken over.
+dead worker and is taken over. Each claim carries the id of its re-measurement: its measurement row is
+stored once under that id, and its racing change is applied only while the claim is still its own, so
+a retried record (the connection broke after a commit) or a claim taken over changes nothing twice.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner import job as J
-from tuner.store.cache import ResultStore
+from tuner.store.cache import ResultStore, new_run_id
 from tuner.store.db import db_now, db_retry, study_lock
 from tuner.study import racing
 from tuner.study.reuse import WRAPPER, reuse_env
@@ -66,13 +68,14 @@ class Racer:
         by_number = {t.number: t for t in trials}
         done = []
         for number in picked:
-            if not self._claim(number):
+            run_id = new_run_id()
+            if not self._claim(number, run_id):
                 continue
             result: J.Result | None = None
             try:
                 result = self._remeasure(by_number[number], engine)
             finally:
-                if self._record(number, result, base.value):
+                if self._record(number, run_id, result, base.value):
                     done.append(number)
         return done
 
@@ -86,7 +89,7 @@ class Racer:
             self.study.set_user_attr(racing.ATTR, doc)
         return entry
 
-    def _claim(self, number: int) -> bool:
+    def _claim(self, number: int, run_id: str) -> bool:
         """Claim trial `number` for re-measurement unless a live worker has, or it is done racing."""
         for attempt in db_retry():
             with attempt, study_lock(self.ctx.url, self.ctx.spec.study):
@@ -97,7 +100,7 @@ class Racer:
                     return False
                 if int(entry.get("remeasured", 0)) + int(entry.get("contended", 0)) >= racing.REMEASURE_MAX:
                     return False
-                self._update(number, {"claim": {"worker": self.name, "since": now}})
+                self._update(number, {"claim": {"worker": self.name, "since": now, "run": run_id}})
         return True
 
     def _remeasure(self, trial: FrozenTrial, engine: dict[str, Any]) -> J.Result:
@@ -117,7 +120,7 @@ class Racer:
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
 
-    def _record(self, number: int, result: J.Result | None, baseline_value: float | None) -> bool:
+    def _record(self, number: int, run_id: str, result: J.Result | None, baseline_value: float | None) -> bool:
         """Keep the re-measurement, pool every paired cycle of the trial, update its racing entry, release the claim."""
         timed = result is not None and result.status == J.OK and bool(result.paired.get("paired"))
         contended = timed and bool(result.paired.get("contended"))  # other work kept the cores: it decides nothing
@@ -126,6 +129,7 @@ class Racer:
             with attempt:
                 if ok and result is not None:
                     self.results.add_measurement(
+                        run_id,
                         self.ctx.spec.study,
                         number,
                         f"race-{self.name}",
@@ -142,10 +146,14 @@ class Racer:
                     and not (p := m.stats.get("paired") or {}).get("contended")
                 ]
                 with study_lock(self.ctx.url, self.ctx.spec.study):
+                    entry = self._update(number, None)
+                    if (entry.get("claim") or {}).get("run") != run_id:
+                        log.info(
+                            "trial %d: this re-measurement's claim is no longer its own; not applied again", number
+                        )
+                        return ok
                     failure = None if timed else f"{result.status}: {result.message}" if result else "not run"
-                    change = racing.after_remeasure(
-                        self._update(number, None), cycles, failure, baseline_value, contended
-                    )
+                    change = racing.after_remeasure(entry, cycles, failure, baseline_value, contended)
                     self._update(number, change)
         if ok:
             log.info("trial %d re-measured: %s", number, change)
