@@ -83,7 +83,6 @@ class Lease(Base):
     pid: Mapped[int] = mapped_column(Integer)
     heartbeat_at: Mapped[float] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16))  # running | done | reaped
-    epoch: Mapped[int] = mapped_column(Integer, default=0)  # raised by every take and reap: a settling write checks it
 
 
 class StudyRecord(Base):

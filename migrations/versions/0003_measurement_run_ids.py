@@ -1,4 +1,4 @@
-"""Measurements get a unique run id (a retried insert adds nothing); leases get an epoch (fencing) and a deadline.
+"""Measurements get a unique run id: a retried insert of the same timing run adds nothing.
 
 Revision ID: 0003
 Revises: 0002
@@ -17,12 +17,9 @@ depends_on = None
 def upgrade() -> None:
     op.add_column("tuner_measurements", sa.Column("run_id", sa.String(64), nullable=True))
     op.create_index("ix_tuner_measurements_run_id", "tuner_measurements", ["run_id"], unique=True)
-    op.add_column("tuner_leases", sa.Column("epoch", sa.Integer(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tuner_leases") as batch:
-        batch.drop_column("epoch")
     op.drop_index("ix_tuner_measurements_run_id", "tuner_measurements")
     with op.batch_alter_table("tuner_measurements") as batch:
         batch.drop_column("run_id")
