@@ -7,8 +7,9 @@ The current phase is written to RESULT.json.phase before each step so a crash ca
 Each phase is one function below; `run_job` strings them together and classifies what they raise.
 The child dies with its worker (`PR_SET_PDEATHSIG`) and ends itself at its own deadline (SIGALRM,
 whose default action ends the process even inside native code), a little after the worker's. Its
-waits for host and device locks are bounded (`Job.lock_wait_s`, in all), reported beside its result (`tuner.job.wait_log`)
-so the worker keeps them out of the deadline, and one that expires is an `environment-error`.
+waits for host and device locks are bounded (`Job.lock_wait_s`, in all), reported beside its result
+(`tuner.job.wait_log`) so the worker keeps them out of the deadline, and one that expires is an
+`environment-error`.
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ class Worker:
         return reaped
 
     def _requeue(self, params: dict[str, Any], number: int, source: str | None, env_requeues: int = 0) -> None:
-        """Enqueue trial `number`'s route again, unless it already was (idempotent on `retry_of`); under the study lock."""
+        """Enqueue trial `number`'s route again unless it already was (idempotent on `retry_of`); study lock held."""
         if not params:
             return  # it never sampled a route: the sampler proposes afresh
         attrs: dict[str, Any] = {"retry_of": number}

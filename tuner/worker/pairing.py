@@ -62,7 +62,7 @@ class Pairing:
             self.stop.wait(self.poll_s)
 
     def _incumbent(self, trials: list[optuna.trial.FrozenTrial]) -> dict[str, Any]:
-        # racing = false: no re-measuring and no early stop as `slow` (every route measured in full, as a landscape needs)
+        # racing = false: no re-measuring and no early stop as `slow` (every route measured in full, for a landscape)
         if not self.racing:
             return {}
         raced = self.db(lambda: racing.races(self.study))
