@@ -73,6 +73,7 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
         gate_samples=spec.data.gate_samples,
         timeout_s=spec.run.trial_timeout_s,
         objective=spec.objective,
+        shapes=ctx.shape_sets,
         build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options),
         preload=preload(ctx.backend, route),
         **pairing,
