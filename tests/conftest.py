@@ -154,7 +154,7 @@ def write_spec(tmp_path: Path, tiny_model: Path) -> SpecWriter:
                 "block_s": 0.002,
                 "timing_cap_s": 0.3,
                 "target_halfwidth": 0.1,
-                "contention": "measured",
+                "contention": "shared",
             },
             "backend": {"name": "onnxruntime"},
             "run": {"budget": 4, "heartbeat_s": 0.5, "grace_s": 30.0, "trial_timeout_s": 120.0},

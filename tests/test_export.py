@@ -145,6 +145,7 @@ def test_the_bundled_models_exported_int8_route_runs_with_only_onnxruntime_and_n
 name = "effnet"
 [model]
 path = "{models / "efficientnet_lite0.onnx"}"
+inputs.images = {{ shape = [1, 3, 224, 224] }}
 [data]
 file = "{models / "efficientnet_lite0_val.npz"}"
 samples = 4

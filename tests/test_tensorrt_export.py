@@ -174,12 +174,45 @@ def test_only_inputs_the_network_leaves_dynamic_get_shapes() -> None:
     profile = SimpleNamespace(set_shape=lambda *a: shapes.append(a))
     builder = SimpleNamespace(create_optimization_profile=lambda: profile)
     config = SimpleNamespace(add_optimization_profile=lambda p: shapes.append("added"))
-    recorded = add_profile(builder, network, config, {"x": (4, 3, 16, 16), "sr": ()})
+    recorded = add_profile(builder, network, config, [({"x": (4, 3, 16, 16), "sr": ()}, 1.0)])
     assert recorded == {
         "x": {"min": [4, 3, 16, 16], "opt": [4, 3, 16, 16], "max": [4, 3, 16, 16], "dynamic": True},
         "sr": {"min": [], "opt": [], "max": [], "dynamic": False},
     }
     assert shapes == [("x", (4, 3, 16, 16), (4, 3, 16, 16), (4, 3, 16, 16)), ("sr", (), (), ()), "added"]
+
+
+def _recorded_profile(model: ModelInfo) -> tuple[dict, list]:
+    """What `add_profile` records and sets for `model`'s shapes on a network whose input x has a dynamic batch."""
+    network = SimpleNamespace(num_inputs=1, get_input=lambda i: SimpleNamespace(name="x", shape=(-1, 3, 16, 16)))
+    shapes: list = []
+    profile = SimpleNamespace(set_shape=lambda *a: shapes.append(a))
+    recorded = add_profile(
+        SimpleNamespace(create_optimization_profile=lambda: profile),
+        network,
+        SimpleNamespace(add_optimization_profile=lambda p: None),
+        model.served(),
+    )
+    return recorded, shapes
+
+
+def test_a_two_shape_study_builds_one_profile_covering_both_and_rebuilds_it_with_trtexec() -> None:
+    """[[objective.shapes]] at batch 1 (weight 0.7) and batch 8 (0.3): min batch 1, max batch 8, opt the heavier."""
+    model = ModelInfo(
+        Path("m.onnx"),
+        {"x": (1, 3, 16, 16)},
+        shapes=(({"x": (1, 3, 16, 16)}, 0.7), ({"x": (8, 3, 16, 16)}, 0.3)),
+    )
+    recorded, shapes = _recorded_profile(model)
+    assert shapes == [("x", (1, 3, 16, 16), (1, 3, 16, 16), (8, 3, 16, 16))]
+    assert recorded == {"x": {"min": [1, 3, 16, 16], "opt": [1, 3, 16, 16], "max": [8, 3, 16, 16], "dynamic": True}}
+    heavier_8 = ModelInfo(model.path, model.input_shapes, shapes=((model.shapes[0][0], 0.2), model.shapes[1]))
+    assert _recorded_profile(heavier_8)[1] == [("x", (1, 3, 16, 16), (8, 3, 16, 16), (8, 3, 16, 16))]
+    record, _ = recipe(TRT11, json.dumps(KNOB_DB), profile=recorded, **{"knob:-conv_lowering": "off"})
+    args = trtexec_line(record, LABELS[TRT11], has_cache=True, cuda_graph=True)
+    assert {"--minShapes=x:1x3x16x16", "--optShapes=x:1x3x16x16", "--maxShapes=x:8x3x16x16"} <= set(args)
+    assert any(a.startswith("--setBuildRoute=") and "-conv_lowering=off" in a for a in args)
+    assert flag_names(args) <= trtexec_flags(TRTEXEC["11.4"])
 
 
 def _script_module(text: str, tmp_path: Path) -> ModuleType:

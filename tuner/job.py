@@ -125,6 +125,9 @@ class Job:
     # The build occupies the host's cores (`Backend.build_uses_host_cores`): the child then starts and builds
     # under a shared hold of the host lock (tuner.measure.exclusive), so no CPU timing runs meanwhile.
     build_holds_cores: bool = True
+    # [[objective.shapes]]: per shape {"inputs", "weight", "feeds_path", "reference_path"}; empty: the one shape
+    # `input_shapes` with `feeds_path`/`reference_path`.
+    shapes: list[dict[str, Any]] = field(default_factory=list)
     # Fork the child from a server that has imported these modules (`Backend.fork_safe`, tuner.worker.forkserver);
     # None: a fresh interpreter.
     preload: list[str] | None = None

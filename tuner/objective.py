@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, get_args, get_origin, get_type_hints
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from tuner.measure.paired import CONTENTION, EXCLUSIVE, MODES, PER_CALL
 from tuner.measure.timing import STATISTICS
@@ -85,9 +86,24 @@ class ObjectiveSpec:
     )
     contention: str = setting(
         EXCLUSIVE,
-        "'exclusive': a timing cycle during which other processes took a core the timing needed is timed again, "
-        "and a measurement that stays contended decides nothing; 'measured': contention is recorded, not acted on",
+        "'exclusive': the deployment has its cores to itself: a timing cycle during which other processes took a "
+        "core the timing needed is timed again, and a measurement that stays contended decides nothing; 'shared': "
+        "the deployment runs beside other work and is timed beside it: contention is recorded, not acted on "
+        "(the host timing lock orders the tuner's own builds and timings; it never kept other work away)",
         choices=CONTENTION,
+        late=True,
+    )
+    cores: int | None = setting(
+        None,
+        "the cores the deployment gets: every timing of the study (the baseline's included) runs pinned to this "
+        "many cores (CPU affinity), and thread counts above it are not proposed; unset: every core allowed",
+        minimum=1,
+        late=True,
+    )
+    shapes: tuple[dict[str, Any], ...] = setting(
+        (),
+        "the input shapes the deployment serves, with weights ([[objective.shapes]]): each trial is timed paired "
+        "with the default at every shape and its speedup is the weighted geometric mean; empty: the [model] shapes",
         late=True,
     )
     max_memory_mb: float | None = setting(
@@ -102,7 +118,7 @@ class ObjectiveSpec:
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> ObjectiveSpec:
         """Rebuild from `plain()` (a job's JSON); keys it does not declare are refused by the constructor."""
-        return cls(**data)
+        return cls(**{**data, "shapes": tuple(data.get("shapes") or ())})
 
     def plain(self) -> dict[str, Any]:
         """Every setting as JSON data (lists, not tuples), as stored in a fingerprint or a job."""
@@ -123,8 +139,9 @@ def settings() -> list[tuple[str, Any, Setting]]:
 def value_type(name: str) -> type:
     """The type a setting's value has when set (its annotation without None)."""
     hint = get_type_hints(ObjectiveSpec)[name]
-    kinds = [k for k in get_args(hint) if k is not type(None)] or [hint]
-    return get_origin(kinds[0]) or kinds[0]
+    if get_origin(hint) in (Union, UnionType):
+        hint = next(k for k in get_args(hint) if k is not type(None))
+    return get_origin(hint) or hint
 
 
 def spec_of(name: str) -> Setting:

@@ -29,6 +29,12 @@ class ModelInfo:
     path: Path
     input_shapes: Mapping[str, tuple[int, ...]]
     options: Mapping[str, Any] = field(default_factory=dict)
+    # [[objective.shapes]]: (inputs, weight) of every shape the engine must serve; empty: `input_shapes` alone.
+    shapes: tuple[tuple[Mapping[str, tuple[int, ...]], float], ...] = ()
+
+    def served(self) -> list[tuple[Mapping[str, tuple[int, ...]], float]]:
+        """Every shape the engine serves with its weight: `shapes`, else `input_shapes` at weight 1."""
+        return list(self.shapes) or [(self.input_shapes, 1.0)]
 
 
 @dataclass

@@ -13,7 +13,7 @@ from rich.table import Table
 from tuner.backends.base import Backend
 from tuner.cli.common import JsonOpt, SpecArg, StorageOpt, console, context, err_console, fmt_ms
 from tuner.errors import TunerError
-from tuner.export import export_choice, export_trial, route_space
+from tuner.export import export_choice, export_trial, machine_share, measured_shapes, route_space
 from tuner.export.describe import change_lines
 from tuner.study.outcome import is_feasible
 from tuner.study.verdict import UNCONFIRMED, Estimate, Headline, study_headline
@@ -87,6 +87,8 @@ def best_document(ctx: Any, study: optuna.Study | None = None) -> tuple[dict[str
         "peak_memory_mb": trial.user_attrs.get("peak_memory_mb"),
         "memory_kind": trial.user_attrs.get("memory_kind"),
         "max_memory_mb": ctx.spec.objective.max_memory_mb,
+        "shapes": measured_shapes(ctx, trial),
+        "machine_share": machine_share(ctx, trial),
         "baseline_trial": s.baseline.number if s.baseline else None,
         "study_best_trial": s.best.number,
         "confirmation": confirmation,

@@ -74,9 +74,34 @@ def model_inputs(ctx: Context) -> dict[str, dict[str, Any]]:
     return out
 
 
-def measured_shapes(ctx: Context) -> list[dict[str, Any]]:
-    """The input shapes the study measured at, each with its weight."""
-    return [{"inputs": {k: list(v) for k, v in ctx.spec.model.inputs.items()}, "weight": 1.0}]
+def measured_shapes(ctx: Context, trial: FrozenTrial | None = None) -> list[dict[str, Any]]:
+    """The input shapes the study measured at, each with its weight, and with `trial` what it measured there:
+    the default's and the route's latency (ms), the speedup and its interval (None where it was not timed paired)."""
+    declared = [dict(s) for s in ctx.spec.objective.shapes] or [
+        {"inputs": {k: list(v) for k, v in ctx.spec.model.inputs.items()}, "weight": 1.0}
+    ]
+    if trial is None:
+        return declared
+    a = trial.user_attrs
+    measured = a.get("shapes") or [
+        {
+            "default_ms": (a.get("measured_ms") or {}).get("default"),
+            "route_ms": (a.get("measured_ms") or {}).get("trial"),
+            "speedup": a.get("speedup_paired"),
+            "ci": a.get("speedup_paired_ci"),
+        }
+    ]
+    keys = ("default_ms", "route_ms", "speedup", "ci")
+    return [{**d, **{k: m.get(k) for k in keys}} for d, m in zip(declared, measured)]
+
+
+def machine_share(ctx: Context, trial: FrozenTrial | None = None) -> dict[str, Any]:
+    """The deployment's share of the machine the study was timed with: contention mode, cores, and (with a trial)
+    the cores its timing ran on."""
+    out: dict[str, Any] = {"contention": ctx.spec.objective.contention, "cores": ctx.spec.objective.cores}
+    if trial is not None and trial.user_attrs.get("affinity") is not None:
+        out["affinity"] = trial.user_attrs["affinity"]
+    return out
 
 
 def export_trial(ctx: Context, doc: dict[str, Any], choice: tuple[FrozenTrial, str], out: Path) -> str:
@@ -98,7 +123,7 @@ def export_trial(ctx: Context, doc: dict[str, Any], choice: tuple[FrozenTrial, s
         model=ctx.model_info,
         work_dir=ctx.work_dir,
         inputs=model_inputs(ctx),
-        shapes=measured_shapes(ctx),
+        shapes=measured_shapes(ctx, trial),
         backend_version=str((environment or {}).get("version") or study.user_attrs.get("backend_version") or ""),
     )
     deployment = ctx.backend.deployment(request)
@@ -188,6 +213,7 @@ def _measured(
         artifact_bytes=trial.user_attrs.get("artifact_bytes"),
         peak_memory_mb=trial.user_attrs.get("peak_memory_mb"),
         memory_kind=str(trial.user_attrs.get("memory_kind", "")),
-        shapes=measured_shapes(ctx),
+        shapes=measured_shapes(ctx, trial),
+        share=machine_share(ctx, trial),
         environment=environment,
     )

@@ -35,7 +35,8 @@ class Measured:
     artifact_bytes: int | None
     peak_memory_mb: float | None
     memory_kind: str
-    shapes: list[dict[str, Any]]  # each {"inputs": {name: shape}, "weight": w}
+    shapes: list[dict[str, Any]]  # each {"inputs", "weight"} and what was measured there (`measured_shapes`)
+    share: Mapping[str, Any]  # the deployment's share of the machine: contention mode and cores (`machine_share`)
     environment: Mapping[str, Any] | None  # the worker's backend, version and device fingerprint
 
 
@@ -44,8 +45,25 @@ def _shapes(shapes: list[dict[str, Any]]) -> list[str]:
     for s in shapes:
         inputs = ", ".join(f"`{name}` {list(shape)}" for name, shape in s["inputs"].items())
         weight = f" (weight {s['weight']:g})" if len(shapes) > 1 else ""
-        lines.append(f"- {inputs}{weight}")
+        measured = ""
+        if len(shapes) > 1 and s.get("speedup") is not None and s.get("ci"):
+            measured = (
+                f": default {s['default_ms']:.4g} ms, this route {s['route_ms']:.4g} ms, "
+                f"{s['speedup']:.3f}x [{s['ci'][0]:.3f}-{s['ci'][1]:.3f}]"
+            )
+        lines.append(f"- {inputs}{weight}{measured}")
     return lines
+
+
+def share_line(share: Mapping[str, Any]) -> str:
+    """The deployment's share of the machine in words (what the timing assumed)."""
+    cores = share.get("cores")
+    where = f"pinned to {cores} core(s)" + (f" ({share['affinity']})" if share.get("affinity") else "")
+    return (
+        "timed with the cores to itself (contention exclusive)"
+        if share.get("contention") == "exclusive"
+        else "timed beside other work (contention shared: recorded, not acted on)"
+    ) + (f", {where}" if cores else ", every core allowed")
 
 
 def _machine(env: Mapping[str, Any] | None) -> str:
@@ -93,8 +111,11 @@ def readme(m: Measured, changes: list[str], deployment: Deployment, files: Mappi
         f"- accuracy: {acc.get('metric')} = {acc.get('value')} (tolerance {acc.get('tolerance')})",
         f"- engine file: {_size(m.artifact_bytes)}; peak memory while it loaded and ran: {_mib(m.peak_memory_mb)}"
         + (f" ({memory})" if memory else ""),
-        "- input shapes:",
+        "- input shapes"
+        + (" (the speedup above is the weighted geometric mean over them)" if len(m.shapes) > 1 else "")
+        + ":",
         *[f"  {line}" for line in _shapes(m.shapes)],
+        f"- share of the machine: {share_line(m.share)}",
         f"- machine: {_machine(m.environment)}",
         "",
         "## Files",

@@ -70,16 +70,29 @@ def check_data_file(path: Path, model: ModelSpec, samples: int, constants: froze
             raise TunerError(f"array {name!r} is {a.dtype}; the model's input is {model.dtypes[name]}")
 
 
-def load_feeds(spec: Spec) -> list[Feed]:
-    """The study's validation feeds: `data.samples` feeds, each one batch of the model's input shapes.
+def load_feeds(spec: Spec, inputs: Mapping[str, Sequence[int]] | None = None) -> list[Feed]:
+    """The study's validation feeds: `data.samples` feeds, each one batch of the model's input shapes (or of
+    `inputs`, one of `[[objective.shapes]]`).
 
     Per input: the study file's constant, else the data file's batch i along the input's batch axis,
-    else values from the seeded generator (the input's own range, else data.low/data.high).
+    else values from the seeded generator (the input's own range, else data.low/data.high). At a shape
+    of `[[objective.shapes]]` the data file is used only when its arrays fit that shape for every sample
+    (`check_data_file`); else every non-constant input comes from the generator.
     """
+    from dataclasses import replace
+
     from tuner.spec.model import InputData
 
     model, data = spec.model, spec.data
-    arrays = _open(data.file) if data.file is not None else {}
+    file = data.file
+    if inputs is not None:
+        model = replace(model, inputs={k: tuple(v) for k, v in inputs.items()})
+        if file is not None:
+            try:
+                check_data_file(file, model, data.samples, constants=frozenset(data.inputs))
+            except TunerError:
+                file = None
+    arrays = _open(file) if file is not None else {}
     rng = np.random.default_rng(data.seed)
     feeds = []
     for i in range(data.samples):
@@ -89,7 +102,7 @@ def load_feeds(spec: Spec) -> list[Feed]:
             given = data.inputs.get(name, InputData())
             if given.value is not None:
                 feed[name] = np.full(shape, given.value, dtype=dtype)
-            elif data.file is not None:
+            elif file is not None:
                 feed[name] = _batch(arrays[name], model.batch_axis(name), shape, i)
             else:
                 low = data.low if given.low is None else given.low

@@ -25,8 +25,8 @@ Contention (`tuner.measure.contention`): with a probe, every block records what 
 took of the cores while it ran. Under `contention = "exclusive"` (the default) a cycle with a
 contended block is set aside and run again: it enters no interval and stops nothing. A measurement
 that gathered too few clean cycles for an interval by its cap, or had CONTENDED_GIVE_UP times that
-many set aside first, is flagged `contended` and stops (its figures then come from every cycle). Under "measured"
-contention is recorded only.
+many set aside first, is flagged `contended` and stops (its figures then come from every cycle). Under "shared"
+(the deployment runs beside other work) contention is recorded only.
 Without a baseline the same loop runs on the candidate alone (unpaired): the interval is then
 that of its block-statistic level, and there is no speedup.
 
@@ -56,8 +56,8 @@ Clocks = Callable[[], Mapping[str, Any]]
 PRECISION, CAP, SLOW, AHEAD = "precision", "cap", "slow", "ahead"
 PER_CALL, PIPELINED = "per-call", "pipelined"
 MODES = (PER_CALL, PIPELINED)
-EXCLUSIVE, MEASURED = "exclusive", "measured"  # [objective] contention: act on contended cycles, or only record them
-CONTENTION = (EXCLUSIVE, MEASURED)
+EXCLUSIVE, SHARED = "exclusive", "shared"  # [objective] contention: act on contended cycles, or only record them
+CONTENTION = (EXCLUSIVE, SHARED)
 WARMUP_WINDOW = 3
 CONTENDED_GIVE_UP = (
     3  # set-aside cycles, in units of the fewest an interval needs, after which a contended measurement stops
@@ -82,7 +82,7 @@ class PairedPolicy:
     warmup_min_s: float = 0.2  # warm up at least this long per engine ...
     warmup_agree: float = 0.05  # ... and until the last blocks' statistics agree within this
     drift: float = 0.10  # relative level or clock change that counts as drift
-    contention: str = EXCLUSIVE  # MEASURED: contended cycles are recorded but kept
+    contention: str = EXCLUSIVE  # SHARED: contended cycles are recorded but kept
 
 
 @dataclass

@@ -222,3 +222,36 @@ def between_variance(y: np.ndarray, v: np.ndarray) -> float:
     w = 1 / v
     q = float(np.sum(w * (y - np.sum(w * y) / np.sum(w)) ** 2))
     return max(0.0, (q - (len(y) - 1)) / float(np.sum(w) - np.sum(w**2) / np.sum(w)))
+
+
+def weighted_speedup(speedups: Sequence[Speedup], weights: Sequence[float]) -> Speedup:
+    """The weighted geometric mean of independent per-shape speedups, with an interval from theirs.
+
+    With normalised weights w_i the estimate is exp(sum w_i log s_i). Each shape's interval is read as
+    log s_i -/+ its own lower and upper log half-widths (l_i, u_i: about z times a standard error, the
+    shapes being measured in separate ABBA series), so the combination's half-widths are
+    sqrt(sum w_i^2 l_i^2) below and sqrt(sum w_i^2 u_i^2) above; the coverage is the least of the shapes'.
+    """
+    w = np.asarray(weights, dtype=float) / float(np.sum(weights))
+    logs = np.log([s.estimate for s in speedups])
+    below = logs - np.log([s.low for s in speedups])
+    above = np.log([s.high for s in speedups]) - logs
+    est = float(np.sum(w * logs))
+    return Speedup(
+        math.exp(est),
+        math.exp(est - math.sqrt(float(np.sum((w * below) ** 2)))),
+        math.exp(est + math.sqrt(float(np.sum((w * above) ** 2)))),
+        min(s.confidence for s in speedups),
+        min(s.rounds for s in speedups),
+    )
+
+
+def mixed_cycles(log_ratios: Sequence[Sequence[float]], weights: Sequence[float]) -> list[float]:
+    """Per-shape cycles combined index by index (up to the fewest any shape ran): sum w_i d_i,j with normalised weights.
+
+    One mixed cycle is one ABBA cycle at every shape, weighted: its log ratio estimates the log of the weighted
+    geometric mean speedup, so measurements of several shapes pool (racing, confirmation) as one shape's cycles do.
+    """
+    w = np.asarray(weights, dtype=float) / float(np.sum(weights))
+    n = min(len(d) for d in log_ratios)
+    return [float(v) for v in np.sum([wi * np.asarray(d[:n], dtype=float) for wi, d in zip(w, log_ratios)], axis=0)]

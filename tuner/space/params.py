@@ -30,6 +30,7 @@ class Param:
     `when` decides from the values chosen so far whether this knob applies at all (an inactive knob
     is neither sampled nor part of the route). `help` is shown by `tuner space`; `why`, where set,
     says why some values are not offered here (it ends the error for a restriction that names one).
+    `threads`: the knob is a thread count (0: the runtime decides), bounded by `[objective] cores`.
     """
 
     name: str
@@ -38,6 +39,7 @@ class Param:
     help: str = ""
     when: Callable[[Mapping[str, Value]], bool] | None = None
     why: str = ""
+    threads: bool = False
 
     def __post_init__(self) -> None:
         if self.default not in self.choices:
@@ -95,6 +97,22 @@ class SearchSpace:
                 raise ValueError(f"{p.name}: must keep the default {p.default!r} (the baseline route)")
             params.append(replace(p, choices=tuple(_normalise(v, p.choices) for v in values)))
         return replace(self, params=tuple(params))
+
+    def within_cores(self, cores: int | None) -> SearchSpace:
+        """A copy whose thread-count knobs offer no count above `cores` (None: unchanged)."""
+        if cores is None:
+            return self
+        params = tuple(
+            replace(
+                p,
+                choices=tuple(v for v in p.choices if not isinstance(v, int) or v <= cores),
+                why=p.why or f"[objective] cores = {cores}: no more threads than the deployment's cores",
+            )
+            if p.threads
+            else p
+            for p in self.params
+        )
+        return replace(self, params=params)
 
     def default_route(self) -> Route:
         """The backend's default route: every active knob at its default."""

@@ -157,7 +157,7 @@ def load_spec(path: str | os.PathLike[str]) -> Spec:
     model = _model(r, base)
     data = _data(r, base, model)
     accuracy = _accuracy(r)
-    objective = _objective(r)
+    objective = _objective(r, model)
     backend = _backend(r)
     run = _run(r)
     if data.gate_samples > data.samples:
@@ -196,7 +196,8 @@ def _model(r: _Reader, base: Path) -> ModelSpec:
         else:
             shapes[name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
         axes[name] = _batch_axis(r, f"{field}.batch_axis", entry, shapes[name])
-    return ModelSpec(path, shapes, {n: dt for n, (dt, _) in graph_inputs.items()}, axes)
+    dims = {n: None if d is None else tuple(d) for n, (_, d) in graph_inputs.items()}
+    return ModelSpec(path, shapes, {n: dt for n, (dt, _) in graph_inputs.items()}, axes, dims)
 
 
 def _file(base: Path, text: str) -> Path:
@@ -332,14 +333,20 @@ def _accuracy(r: _Reader) -> AccuracySpec:
     )
 
 
-def _objective(r: _Reader) -> ObjectiveSpec:
+def _objective(r: _Reader, model: ModelSpec) -> ObjectiveSpec:
     """[objective]: every declared setting (`tuner.objective`), checked against its declaration; absent ones at their
-    default."""
+    default. The shapes are checked against the model (`tuner.spec.shapes`), the cores against this machine's."""
+    from tuner.spec.shapes import read_shapes
+
     t = r.table("objective", required=False)
     values = {}
     for name, default, s in objective_settings():
         if name in t:
-            values[name] = _setting(r, t, name, default, s)
+            kind = value_type(name)
+            values[name] = read_shapes(r, t[name], model) if kind is tuple else _setting(r, t, name, default, s)
+    cores = values.get("cores")
+    if cores is not None and cores > len(os.sched_getaffinity(0)):
+        raise r.fail("objective.cores", f"expected at most the {len(os.sched_getaffinity(0))} cores allowed here")
     return ObjectiveSpec(**values)
 
 

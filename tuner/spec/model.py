@@ -11,7 +11,8 @@ from tuner.objective import ObjectiveSpec
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The ONNX model: each input's shape (`()` for a scalar), numpy dtype name and batch axis.
+    """The ONNX model: each input's shape (`()` for a scalar), numpy dtype name and batch axis, and the dimensions
+    the graph declares (`dims`: None where one is dynamic; None for an input of unknown rank).
 
     `batch_axes[name]` is the axis along which a data file's samples are laid out (0 unless the study
     file says otherwise); a scalar input has none (None).
@@ -21,6 +22,7 @@ class ModelSpec:
     inputs: dict[str, tuple[int, ...]]
     dtypes: dict[str, str]
     batch_axes: dict[str, int | None] = field(default_factory=dict)
+    dims: dict[str, tuple[int | None, ...] | None] = field(default_factory=dict)  # the graph's (None: dynamic)
 
     def batch_axis(self, name: str) -> int | None:
         """The batch axis of input `name`: as declared, else 0, and None for a scalar."""

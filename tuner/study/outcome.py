@@ -182,6 +182,10 @@ def paired_attrs(result: J.Result) -> dict[str, Any]:
         "timing": timing,
         "contended": bool(p.get("contended")),
     }
+    if p.get("shapes"):  # [[objective.shapes]]: each shape's own figures (its cycles stay with the measurement)
+        attrs["shapes"] = [{k: v for k, v in e.items() if k != "log_ratios"} for e in p["shapes"]]
+    if "affinity" in info:
+        attrs["affinity"] = info["affinity"]
     if p.get("paired"):
         attrs.update(
             speedup_paired=p["speedup"], speedup_paired_ci=list(p["ci"]), speedup_paired_confidence=p.get("confidence")

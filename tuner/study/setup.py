@@ -62,11 +62,18 @@ class Context:
 
     @cached_property
     def model_info(self) -> ModelInfo:
-        return ModelInfo(self.spec.model.path, self.spec.model.inputs, self.spec.backend.options)
+        shapes = tuple(
+            ({k: tuple(v) for k, v in s["inputs"].items()}, float(s["weight"])) for s in self.spec.objective.shapes
+        )
+        return ModelInfo(self.spec.model.path, self.spec.model.inputs, self.spec.backend.options, shapes)
 
     @cached_property
     def space(self) -> SearchSpace:
-        return self.backend.space(self.model_info).restrict(self.spec.backend.space)
+        return (
+            self.backend.space(self.model_info)
+            .restrict(self.spec.backend.space)
+            .within_cores(self.spec.objective.cores)
+        )
 
     @cached_property
     def model_sha(self) -> str:
@@ -103,6 +110,28 @@ class Context:
             self.feeds_path,
             self.spec.run.trial_timeout_s,
         )
+
+    @cached_property
+    def shape_sets(self) -> list[dict[str, Any]]:
+        """Per `[[objective.shapes]]` entry: its inputs, weight, feeds file and reference file (computed once, cached
+        by content like the study's own); empty without the section."""
+        out = []
+        for shape in self.spec.objective.shapes:
+            feeds = load_feeds(self.spec, shape["inputs"])
+            sha = feeds_hash(feeds)
+            path = self.work_dir / "data" / f"feeds-{sha[:24]}.npz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                save_feeds(path, feeds)
+            reference = cached_reference(
+                self.work_dir / "data",
+                f"{self.model_sha[:16]}{sha[:16]}",
+                self.spec.model.path,
+                path,
+                self.spec.run.trial_timeout_s,
+            )
+            out.append({**shape, "feeds_path": str(path), "reference_path": str(reference)})
+        return out
 
     @cached_property
     def trials_dir(self) -> Path:
@@ -167,6 +196,7 @@ def prepare(ctx: Context) -> optuna.Study:
     storage = set_up_storage(ctx.url)  # first: refuses a schema newer than this code before anything is written
     fingerprint = ctx.fingerprint()
     ctx.reference_path  # noqa: B018 - compute once (in a child), before the workers need it
+    ctx.shape_sets  # noqa: B018 - and at every [[objective.shapes]] entry
     preparation = ctx.backend.preparation(ctx.model_info, ctx.space, ctx.work_dir)  # cached by content: slow once
     seeds = seed_routes(ctx.backend, ctx.model_info, ctx.space)
     with study_lock(ctx.url, ctx.spec.study):

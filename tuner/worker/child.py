@@ -31,20 +31,38 @@ from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo
 from tuner.errors import TrialFailure
 from tuner.files import atomic_write
 from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
+from tuner.measure.cores import pin
 from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold, report_waits
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.memory import MemoryProbe
 from tuner.measure.reference import load_reference
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.lifeline import die_with_parent
-from tuner.worker.timing import GPU_CLOCKS, time_trial
+from tuner.worker.timing import GPU_CLOCKS, TimedShape, time_trial
 
 DEADLINE_MARGIN_S = 5.0  # the worker kills at timeout_s; the child's own alarm is the backstop
 
 
 @dataclass
+class ShapeFeeds:
+    """One input shape the trial is checked and timed at: its inputs, weight, validation feeds and reference."""
+
+    inputs: dict[str, list[int]]
+    weight: float
+    feeds: list[Feed]
+    reference: list[Outputs]
+
+    def label(self) -> str:
+        """The shape in words, for a message."""
+        return ", ".join(f"{k} {v}" for k, v in self.inputs.items())
+
+
+@dataclass
 class Trial:
-    """One job's inputs and its result as it progresses; `enter` starts a phase and saves the result so far."""
+    """One job's inputs and its result as it progresses; `enter` starts a phase and saves the result so far.
+
+    `sets`: the shapes it is checked and timed at (`[[objective.shapes]]`), else one: the study's feeds.
+    """
 
     job: J.Job
     result_path: Path | None  # None: the result is only returned (a trial run in-process, e.g. replayed)
@@ -53,20 +71,32 @@ class Trial:
     reference: list[Outputs]
     ctx: BuildContext
     tol: Tolerances
+    sets: list[ShapeFeeds] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
     res: J.Result = field(default_factory=lambda: J.Result(status=J.CRASH_EXIT))
     started: float = field(default_factory=time.perf_counter)
 
     @classmethod
     def open(cls, job: J.Job, result_path: Path) -> Trial:
-        """Read the job's feeds and reference outputs and set up the build context."""
-        return cls.start(
+        """Read the job's feeds and reference outputs (at every shape) and set up the build context."""
+        t = cls.start(
             job,
             result_path,
             get_backend(job.backend),
             read_feeds(Path(job.feeds_path)),
             load_reference(Path(job.reference_path)),
         )
+        if job.shapes:
+            t.sets = [
+                ShapeFeeds(
+                    s["inputs"],
+                    float(s["weight"]),
+                    read_feeds(Path(s["feeds_path"])),
+                    load_reference(Path(s["reference_path"])),
+                )
+                for s in job.shapes
+            ]
+        return t
 
     @classmethod
     def start(
@@ -74,11 +104,13 @@ class Trial:
     ) -> Trial:
         """A trial of `job` on `backend` with the feeds and reference outputs given (already in memory)."""
         log: list[str] = []
-        model = ModelInfo(Path(job.model_path), {k: tuple(v) for k, v in job.input_shapes.items()}, job.options)
+        shapes = tuple(({k: tuple(v) for k, v in s["inputs"].items()}, float(s["weight"])) for s in job.shapes)
+        model = ModelInfo(Path(job.model_path), {k: tuple(v) for k, v in job.input_shapes.items()}, job.options, shapes)
         ctx = BuildContext(
             model, Path(job.work_dir), Path(job.out_dir), feeds, time.monotonic() + job.timeout_s, log.append
         )
-        return cls(job, result_path, backend, feeds, reference, ctx, Tolerances(job.atol, job.rtol), log)
+        sets = [ShapeFeeds(dict(job.input_shapes), 1.0, feeds, reference)]
+        return cls(job, result_path, backend, feeds, reference, ctx, Tolerances(job.atol, job.rtol), sets, log)
 
     def enter(self, name: str) -> None:
         """Close the current phase's clock, start phase `name` and write the result so far."""
@@ -118,36 +150,64 @@ def load_phase(t: Trial, artifact: Artifact) -> Runner:
     return t.backend.load(artifact, t.job.route, t.ctx)
 
 
-def gate_phase(t: Trial, runner: Runner) -> list[Outputs] | None:
-    """The quick accuracy gate on the first `gate_samples` feeds: their outputs, or None when it failed."""
+def _at(t: Trial, s: ShapeFeeds) -> str:
+    return f" at {s.label()}" if len(t.sets) > 1 else ""
+
+
+def _worst_of(per_shape: list[dict[str, float]]) -> dict[str, float]:
+    """Per output, the worst value over the shapes."""
+    out: dict[str, float] = {}
+    for per_output in per_shape:
+        for k, v in per_output.items():
+            out[k] = max(out.get(k, v), v)
+    return out
+
+
+def gate_phase(t: Trial, runner: Runner) -> list[list[Outputs]] | None:
+    """The quick accuracy gate on the first `gate_samples` feeds of every shape: their outputs, or None when it
+    failed at one."""
     t.enter("gate")
     job, res, gate = t.job, t.res, t.job.gate_samples
-    gate_out = [runner.infer(f) for f in t.feeds[:gate]]
-    per_output = compare(job.metric, gate_out, t.reference[:gate], t.tol)
-    res.accuracy, res.accuracy_per_output = worst(per_output), per_output
-    if res.accuracy > job.tolerance:
-        res.status = J.GATE_FAILED
-        res.message = f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on the first {gate} feed(s)"
-        return None
-    return gate_out
+    outs, per_shape = [], []
+    for s in t.sets:
+        gate_out = [runner.infer(f) for f in s.feeds[:gate]]
+        per_output = compare(job.metric, gate_out, s.reference[:gate], t.tol)
+        outs.append(gate_out)
+        per_shape.append(per_output)
+        res.accuracy, res.accuracy_per_output = worst(_worst_of(per_shape)), _worst_of(per_shape)
+        if worst(per_output) > job.tolerance:
+            res.status = J.GATE_FAILED
+            res.message = (
+                f"{job.metric}={worst(per_output):.4g} > {job.tolerance:g} on the first {gate} feed(s){_at(t, s)}"
+            )
+            return None
+    return outs
 
 
 def time_phase(t: Trial, runner: Runner) -> None:
-    """Time the engine on the first feed, paired with the study's baseline engine (`tuner.worker.timing`)."""
+    """Time the engine on the first feed of every shape, paired with the study's baseline engine
+    (`tuner.worker.timing`)."""
     t.enter("time")
-    time_trial(t.job, t.backend, t.ctx, runner, t.feeds[0], t.res)
+    shapes = [TimedShape(s.inputs, s.weight, s.feeds[0]) for s in t.sets]
+    time_trial(t.job, t.backend, t.ctx, runner, shapes, t.res)
 
 
-def accuracy_phase(t: Trial, runner: Runner, gate_out: list[Outputs]) -> None:
-    """Full accuracy over every feed (the gate's outputs reused); sets the final status."""
+def accuracy_phase(t: Trial, runner: Runner, gate_out: list[list[Outputs]]) -> None:
+    """Full accuracy over every feed of every shape (the gate's outputs reused); sets the final status."""
     t.enter("accuracy")
     job, res = t.job, t.res
-    outputs = gate_out + [runner.infer(f) for f in t.feeds[job.gate_samples :]]
-    per_output = compare(job.metric, outputs, t.reference, t.tol)
-    res.accuracy, res.accuracy_per_output = worst(per_output), per_output
+    per_shape = []
+    for s, first in zip(t.sets, gate_out):
+        outputs = first + [runner.infer(f) for f in s.feeds[job.gate_samples :]]
+        per_shape.append(compare(job.metric, outputs, s.reference, t.tol))
+    res.accuracy_per_output = _worst_of(per_shape)
+    res.accuracy = worst(res.accuracy_per_output)
     res.status = J.OK if res.accuracy <= job.tolerance else J.ACCURACY
     if res.status == J.ACCURACY:
-        res.message = f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on {len(t.feeds)} feeds"
+        at = max(range(len(per_shape)), key=lambda i: worst(per_shape[i]))
+        res.message = (
+            f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on {len(t.sets[at].feeds)} feeds{_at(t, t.sets[at])}"
+        )
 
 
 def run_job(job: J.Job, result_path: Path, startup_hold: int | None = None) -> J.Result:
@@ -162,6 +222,8 @@ def run_trial(t: Trial, startup_hold: int | None = None) -> J.Result:
     """Build, load, gate, time and check the trial `t`, classifying what fails; its result."""
     job, res = t.job, t.res
     cores = DeviceLock(HOST)  # everything but the timing holds the host's cores shared: no timing runs meanwhile
+    if job.objective.cores is not None and t.result_path is not None:  # (a trial run in-process pins nothing)
+        pin(job.objective.cores)  # before anything starts a thread: every engine's pool inherits it
     try:
         with (
             cores.shared(startup_hold)

@@ -74,6 +74,7 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
         timeout_s=spec.run.trial_timeout_s,
         lock_wait_s=spec.run.trial_timeout_s,  # a lock held that long is held by a stuck process
         objective=spec.objective,
+        shapes=ctx.shape_sets,
         build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options),
         preload=preload(ctx.backend, route),
         **pairing,

@@ -16,7 +16,9 @@
    `Result.paired` holds the summary (`tuner.measure.paired.PairedResult.summary`) plus
    `baseline_latency` (the baseline's statistics in this trial), `log_ratios` (one per ABBA cycle,
    for pooling re-measurements) and `running` ([cycle, estimate, low, high]); `timing_info` gets
-   `exclusive`, `device`, `lock_wait_s`, `loadavg_before`/`after` and `clocks_before`/`after`.
+   `exclusive`, `device`, `lock_wait_s`, `loadavg_before`/`after`, `clocks_before`/`after` and `affinity`
+   (the cores the timing thread was allowed, read during the timing: `[objective] cores` pins them).
+   With `[[objective.shapes]]` every shape is timed in turn and the figures combined (`tuner.measure.shapes`).
    A CPU timing records per block what other processes took of the cores (`tuner.measure.contention`):
    cycles with a contended block are timed again, and a measurement left without enough clean
    cycles is `contended` (`Result.paired`).
@@ -29,16 +31,19 @@ replayed trial is measured by the same code in microseconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner import job as J
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, Runner
 from tuner.measure.contention import Probe
+from tuner.measure.cores import allowed
 from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
 from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
+from tuner.measure.shapes import combined_summary, heaviest, shape_entry, weighted_latency
 from tuner.measure.timing import summarize
 from tuner.objective import CPU, GPU
 
@@ -100,52 +105,87 @@ def _baseline(job: J.Job, backend: Backend, ctx: BuildContext, stack: ExitStack,
     return runner
 
 
-def time_trial(job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, feed: Feed, res: J.Result) -> None:
-    """Time `runner` (paired with the baseline where there is one) and record it all in `res`."""
+@dataclass(frozen=True)
+class TimedShape:
+    """One input shape a trial is timed at: its inputs, its weight and the feed it is timed on."""
+
+    inputs: Mapping[str, Any]
+    weight: float
+    feed: Feed
+
+
+def time_trial(
+    job: J.Job, backend: Backend, ctx: BuildContext, runner: Runner, shapes: list[TimedShape], res: J.Result
+) -> None:
+    """Time `runner` (paired with the baseline where there is one) at every shape and record it all in `res`.
+
+    One shape is timed as it always was; several are timed one after another under one hold of the device
+    lock, each paired with the same baseline engine, and combined (`tuner.measure.shapes`); they never stop
+    early as `slow` or `ahead` (one shape's interval against the incumbent's says nothing about the mix).
+    """
     info: dict[str, Any] = {
         "role": job.role,
         **({"baseline_wait_s": job.baseline_wait_s} if job.role != "baseline" else {}),
     }
+    multi = len(shapes) > 1
     with ExitStack() as stack:
         baseline = _baseline(job, backend, ctx, stack, info)
         gpu = runner.timing_info().get("clock") in GPU_CLOCKS
         policy = policy_for(job, gpu)
         clocks: Callable[[], dict[str, Any]] | None = (lambda: _clocks(runner)) if gpu else None
-        candidate_fn = block_fn(runner, feed, job.objective.mode)
-        baseline_fn = block_fn(baseline, feed, job.objective.mode) if baseline is not None else None
+        mode = job.objective.mode
         before = machine_state()
         with DeviceLock(device_key(gpu)).exclusive() as hold:
             probe = (
                 None if gpu or runner.timing_info().get("replayed") else Probe()
             )  # a replayed runner's clock is virtual
-            result = measure_paired(
-                candidate_fn,
-                baseline_fn,
-                policy,
-                incumbent=job.incumbent,
-                clocks=clocks,
-                clock=runner.clock,
-                incumbent_high=job.incumbent_high,
-                probe=probe,
-            )
+            results = [
+                measure_paired(
+                    block_fn(runner, s.feed, mode),
+                    block_fn(baseline, s.feed, mode) if baseline is not None else None,
+                    policy,
+                    incumbent=None if multi else job.incumbent,
+                    clocks=clocks,
+                    clock=runner.clock,
+                    incumbent_high=None if multi else job.incumbent_high,
+                    probe=probe,
+                )
+                for s in shapes
+            ]
+            affinity = allowed()
         after = machine_state()
         res.timing_info = runner.timing_info()
+    weights = [s.weight for s in shapes]
+    result = results[heaviest(weights)]
     res.samples_ms = result.candidate_samples
-    res.latency = summarize(result.candidate_samples).to_dict()
     res.timing_info.update(
         hold.to_dict(),
         loadavg_before=before["loadavg"],
         loadavg_after=after["loadavg"],
-        mode=job.objective.mode,
+        mode=mode,
+        affinity=affinity,
         **({"clocks_before": result.clocks[0], "clocks_after": result.clocks[-1]} if result.clocks else {}),
     )
+    if multi:
+        res.latency = weighted_latency([summarize(r.candidate_samples).to_dict() for r in results], weights)
+        res.paired = {**combined_summary(results, weights), **info, "running": []}
+        res.paired["shapes"] = [
+            shape_entry(s.inputs, s.weight, r, job.objective.statistic) for s, r in zip(shapes, results)
+        ]
+        if baseline is not None:
+            res.baseline_samples_ms = result.baseline_samples
+            res.paired["baseline_latency"] = weighted_latency(
+                [summarize(r.baseline_samples).to_dict() for r in results], weights
+            )
+        return
+    res.latency = summarize(result.candidate_samples).to_dict()
     res.paired = {
         **result.summary(),
         **info,
         "log_ratios": [round(d, 6) for d in result.log_ratios],
         "running": result.running,
     }
-    if baseline_fn is not None:
+    if baseline is not None:
         res.baseline_samples_ms = result.baseline_samples
         res.paired["baseline_latency"] = summarize(result.baseline_samples).to_dict()
     if result.stop == SLOW and result.speedup is not None:

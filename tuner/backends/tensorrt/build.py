@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -164,25 +165,31 @@ def _describe(error: Any) -> str:
 
 
 def add_profile(
-    builder: Any, network: Any, config: Any, shapes: dict[str, tuple[int, ...]]
+    builder: Any, network: Any, config: Any, served: list[tuple[Mapping[str, tuple[int, ...]], float]]
 ) -> dict[str, dict[str, Any]]:
-    """One optimization profile with min = opt = max = the study's input shapes; what it set, per input.
+    """One optimization profile covering every shape served (`ModelInfo.served`); what it set, per input.
 
-    Each input's record has its `min`, `opt` and `max` shapes and whether the network left a dimension
-    of it dynamic (only those are named to trtexec, which refuses shapes for a static network).
+    Per input, min and max are the smallest and largest size of each dimension over the shapes, and opt is
+    the heaviest-weighted shape: TensorRT picks its tactics for opt, and the weighted mix spends most of
+    its time there. With one shape min = opt = max. Each input's record has its `min`, `opt` and `max`
+    shapes and whether the network left a dimension of it dynamic (only those are named to trtexec, which
+    refuses shapes for a static network).
     """
     profile = builder.create_optimization_profile()
     record: dict[str, dict[str, Any]] = {}
+    top = max(range(len(served)), key=lambda i: (served[i][1], -i))
     for i in range(network.num_inputs):
         tensor = network.get_input(i)
-        shape = tuple(shapes.get(tensor.name, tuple(tensor.shape)))
-        if any(d < 0 for d in shape):
-            raise BuildError(f"input {tensor.name} has dynamic shape {shape}; give its shape in [model] inputs")
-        profile.set_shape(tensor.name, shape, shape, shape)
+        shapes = [tuple(inputs.get(tensor.name, tuple(tensor.shape))) for inputs, _ in served]
+        if any(d < 0 for shape in shapes for d in shape):
+            raise BuildError(f"input {tensor.name} has dynamic shape {shapes[0]}; give its shape in [model] inputs")
+        low = tuple(min(dims) for dims in zip(*shapes))
+        high = tuple(max(dims) for dims in zip(*shapes))
+        profile.set_shape(tensor.name, low, shapes[top], high)
         record[tensor.name] = {
-            "min": list(shape),
-            "opt": list(shape),
-            "max": list(shape),
+            "min": list(low),
+            "opt": list(shapes[top]),
+            "max": list(high),
             "dynamic": any(d < 0 for d in tensor.shape),
         }
     config.add_optimization_profile(profile)
@@ -236,7 +243,7 @@ def build(api: TrtApi, route: Route, ctx: BuildContext, device: DeviceFacts) -> 
     parse(trt, network, variant, logger)
     config = builder.create_builder_config()
     route_string, calls = configure_recorded(trt, features, config, route, device)
-    profile = add_profile(builder, network, config, dict(ctx.model.input_shapes))
+    profile = add_profile(builder, network, config, ctx.model.served())
     timing_cache = TimingCache(str(TIMING_CACHE.get(ctx.model.options)), ctx.work_dir, api.label)
     timing_cache.attach(config)
     monitor = make_monitor(trt, ctx.deadline_s)

@@ -1,0 +1,117 @@
+"""Shapes as deployed ([[objective.shapes]]) and the deployment's share of the machine ([objective] cores)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, tuner
+from tests.helpers import trials
+from tuner.errors import SpecError
+from tuner.measure.speedup import Speedup, mixed_cycles, weighted_speedup
+from tuner.spec import load_spec
+from tuner.study.setup import Context
+
+X = [1, 3, 16, 16]  # the tiny model's only input, fixed by the graph
+
+
+@pytest.mark.parametrize(
+    ("shapes", "error"),
+    [
+        ([{"inputs": {"z": X}}], "objective.shapes[0].inputs.z: the model has no such input; its inputs are x"),
+        ([{"inputs": {"x": [1, 3, 16]}}], "objective.shapes[0].inputs.x: [1, 3, 16] has rank 3; the model's input"),
+        ([{"inputs": {"x": [8, 3, 16, 16]}}], "objective.shapes[0].inputs.x: dimension 0 is fixed at 1 by the model"),
+        ([{"inputs": {"x": X}, "weight": 0}], "objective.shapes[0].weight: expected a number > 0, got 0"),
+        ([{"inputs": {"x": X}, "size": 2}], "objective.shapes[0].size: unknown field"),
+    ],
+)
+def test_a_shape_the_model_cannot_take_is_one_line_naming_the_field(write_spec, shapes, error) -> None:
+    with pytest.raises(SpecError) as exc:
+        load_spec(write_spec(**{"objective.shapes": shapes}))
+    assert error in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_study_without_shapes_is_timed_at_its_model_shapes_only(write_spec) -> None:
+    spec = load_spec(write_spec())
+    ctx = Context(spec, "sqlite://")
+    assert spec.objective.shapes == () and ctx.model_info.served() == [({"x": (1, 3, 16, 16)}, 1.0)]
+
+
+def test_the_weighted_geometric_mean_and_its_interval_from_the_shapes() -> None:
+    a, b = Speedup(2.0, 1.8, 2.2, 0.95, 10), Speedup(1.0, 0.9, 1.1, 0.96, 12)
+    s = weighted_speedup([a, b], [3.0, 1.0])
+    assert s.estimate == pytest.approx(2.0**0.75) and s.rounds == 10 and s.confidence == 0.95
+    assert s.low < s.estimate < s.high and s.halfwidth < min(a.halfwidth, b.halfwidth)  # independent: narrower
+    assert weighted_speedup([a], [1.0]) == Speedup(2.0, 1.8, 2.2, 0.95, 10)
+    assert mixed_cycles([[0.4, 0.2, 0.6], [0.0, 0.2]], [1.0, 1.0]) == pytest.approx([0.2, 0.2])
+
+
+def test_a_two_shape_study_of_the_bundled_model_runs_and_best_lists_every_shape(tmp_path: Path, sqlite_url) -> None:
+    models = REPO / "models"
+    spec = tmp_path / "effnet.toml"
+    spec.write_text(f"""[study]
+name = "effnet-shapes"
+[model]
+path = "{models / "efficientnet_lite0.onnx"}"
+inputs.images = {{ shape = [1, 3, 224, 224] }}
+[data]
+file = "{models / "efficientnet_lite0_val.npz"}"
+samples = 1
+gate_samples = 1
+[accuracy]
+metric = "top1_mismatch"
+tolerance = 1.0
+[objective]
+warmup_s = 0.0
+min_repeats = 5
+min_duration_s = 0.0
+timing_cap_s = 0.3
+target_halfwidth = 0.5
+contention = "shared"
+[[objective.shapes]]
+inputs.images = [1, 3, 224, 224]
+weight = 0.7
+[[objective.shapes]]
+inputs.images = [8, 3, 224, 224]
+weight = 0.3
+[backend]
+name = "onnxruntime"
+space = {{ precision = ["fp32"], graph_optimization_level = ["all"], execution_mode = ["sequential"] }}
+[run]
+budget = 2
+racing = false
+trial_timeout_s = 300
+""")
+    ran = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    done = trials(sqlite_url, "effnet-shapes")
+    candidate = next(t for t in done if t.user_attrs.get("source") != "baseline")
+    assert [s["inputs"]["images"][0] for s in candidate.user_attrs["shapes"]] == [1, 8]
+    best = tuner("best", str(spec), "--storage", sqlite_url, "--json")
+    assert best.returncode == 0, best.stderr[-2000:]
+    doc = json.loads(best.stdout)
+    assert [(s["inputs"], s["weight"]) for s in doc["shapes"]] == [
+        ({"images": [1, 3, 224, 224]}, 0.7),
+        ({"images": [8, 3, 224, 224]}, 0.3),
+    ]
+    if doc["trial"] != doc["baseline_trial"]:
+        assert all(s["speedup"] > 0 and s["default_ms"] > 0 and s["route_ms"] > 0 and s["ci"] for s in doc["shapes"])
+    assert doc["machine_share"] == {"contention": "shared", "cores": None, "affinity": doc["machine_share"]["affinity"]}
+    assert all(t.user_attrs["shapes"][1]["route_ms"] > t.user_attrs["shapes"][0]["route_ms"] for t in done)
+
+
+def test_a_study_with_one_core_times_every_route_on_one_core_and_never_proposes_more_threads(
+    write_spec, sqlite_url
+) -> None:
+    spec = write_spec(**{"objective.cores": 1, "run.budget": 4})
+    space = Context(load_spec(spec), "sqlite://").space
+    assert set(space.param("intra_op_threads").choices) == {0, 1}
+    assert set(space.param("inter_op_threads").choices) == {0, 1}
+    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    done = trials(sqlite_url, "tiny")
+    timed = [t for t in done if "affinity" in t.user_attrs]
+    assert timed and len(timed) == len([t for t in done if t.user_attrs.get("latency_ms")])
+    assert all(len(t.user_attrs["affinity"]) == 1 for t in timed)  # read inside the child, during its timing
+    assert all(t.params.get("intra_op_threads", 0) <= 1 and t.params.get("inter_op_threads", 0) <= 1 for t in done)
