@@ -196,8 +196,12 @@ def test_truth_of_the_recorded_landscape(recorded) -> None:
     strict, loose = Truth(land, tolerance=1e-5), Truth(land, tolerance=1.0)
     assert len(loose.truth) == 6 and len(strict.truth) == 2  # only the fp32 routes match (to rounding)
     assert strict.best == min(strict.truth.values())
-    for p in land.points:  # un-paired rounds: the true latency is the median of the rounds' medians
-        assert loose.truth[p.key] == pytest.approx(float(np.median([np.median(r.samples_ms) for r in p.rounds])))
+    base = land.default_point()
+    base_ms = float(np.median([np.median(r.samples_ms) for r in base.rounds]))  # the default: its rounds' medians
+    assert loose.truth[base.key] == pytest.approx(base_ms)
+    for p in land.points:  # rounds paired with the default: its true latency over each round's speedup
+        if p is not base:
+            assert loose.truth[p.key] == pytest.approx(float(np.median([base_ms / r.speedup for r in p.rounds])))
 
 
 @pytest.mark.parametrize("name", [n for n in STRATEGIES if n not in ("gp-fair", "smac")])

@@ -48,10 +48,12 @@ def test_replayed_trials_in_the_child_answer_as_recorded(recorded, tmp_path: Pat
         res = run_isolated(job, tmp_path / f"t{i}")
         point = land.point(route)
         samples = [s for r in point.rounds for s in r.samples_ms]
+        rounds = [r.samples_ms for r in point.rounds if r.samples_ms]
         assert res.status == J.OK, res.message
         assert res.accuracy == pytest.approx(recorded_accuracy(land, route), rel=1e-9, abs=1e-12)
-        assert min(samples) <= res.latency["median"] <= max(samples)
-        assert {round(s, 6) for s in res.samples_ms} <= set(samples)  # every replayed latency is a recorded one
+        assert 0.5 * min(samples) <= res.latency["median"] <= 2 * max(samples)
+        # every replayed latency is one recorded round's, scaled by one factor (the round's level: paired recording)
+        assert any(_one_scale(res.samples_ms, r) for r in rounds)
         assert json.loads(Path(res.artifact_path).read_text())["round"] in (0, 1)
 
 
@@ -123,3 +125,12 @@ def test_replay_refuses_another_model_and_a_missing_landscape(recorded, tmp_path
     (other / "m.toml").write_text(text.replace(str(recorded[1]), str(tmp_path / "nope.json.gz")))
     done = tuner("space", str(other / "m.toml"))
     assert done.returncode == 2 and "nope.json.gz: not found" in done.stderr
+
+
+def _one_scale(replayed: list[float], recorded: tuple[float, ...]) -> bool:
+    """Whether `replayed` are values of `recorded` times one common factor."""
+    for x in recorded:
+        c = replayed[0] / x
+        if all(any(abs(s / c - y) <= 1e-4 * y for y in recorded) for s in replayed):
+            return True
+    return False
