@@ -86,7 +86,7 @@ def cached_statuses(url: str) -> list[str]:
         conn.close()
 
 
-# -- item 1: no password on any command line -------------------------------------------------------
+# -- no password on any command line -------------------------------------------------------
 
 
 def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_the_storage_password_is_on_no_command_line(write_spec, pg_url, tmp_path
     assert secret not in (tmp_path / "run.log").read_text()
 
 
-# -- item 2: environment errors ----------------------------------------------------------------
+# -- environment errors ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("code", ["ENOSPC", "EIO", "EACCES", "ESTALE", "ETIMEDOUT"])
@@ -205,7 +205,7 @@ def test_a_full_work_dir_pauses_the_worker_and_poisons_nothing(
     assert s["complete"] + s["pruned"] + s["failed"] == 3 and s["running"] == 0 and s["waiting"] == 0
 
 
-# -- item 3: children die with their worker, and at their own deadline --------------------------
+# -- children die with their worker, and at their own deadline --------------------------
 
 
 def test_the_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec, pg_url, tmp_path: Path) -> None:
@@ -240,7 +240,7 @@ def test_a_hung_child_ends_itself_at_its_deadline(write_spec, sqlite_url, tmp_pa
         **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "hang"}}}
     )
     ctx = Context(load_spec(spec), sqlite_url)
-    job = replace(make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out"), timeout_s=1.0)
+    job = replace(make_job(ctx, ctx.space.default_route(), tmp_path / "t" / "out"), timeout_s=1.0, lock_wait_s=1.0)
     (tmp_path / "t").mkdir()
     job.write(tmp_path / "t" / "job.json")
     # Started directly, with nobody to enforce the timeout: the child's own alarm must end it.
@@ -263,7 +263,7 @@ def test_a_hung_child_ends_itself_at_its_deadline(write_spec, sqlite_url, tmp_pa
             child.kill()
 
 
-# -- item 8: signals at awkward moments -------------------------------------------------------------
+# -- signals at awkward moments -------------------------------------------------------------
 
 SIGNAL_IN_POPEN = """
 import os, signal, sys
@@ -354,7 +354,7 @@ def test_a_stop_during_reserve_runs_no_trial(write_spec, pg_url, tmp_path: Path)
     assert [t.user_attrs.get("failure_class") for t in ts if t.number == 1] == [J.INTERRUPTED]
 
 
-# -- item 9: artifacts are checked -------------------------------------------------------------------
+# -- artifacts are checked -------------------------------------------------------------------
 
 
 def test_an_artifact_outside_the_out_dir_is_refused(write_spec, sqlite_url, tmp_path: Path) -> None:

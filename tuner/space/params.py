@@ -1,7 +1,7 @@
 """Categorical parameters with conditions, composed into a search space that Optuna samples.
 
 Every parameter is categorical (integers included): build routes are discrete choices, categorical
-parameters keep GP and TPE samplers well behaved (no huge integer ranges, see optuna-facts item 1),
+parameters keep GP and TPE samplers well behaved (no huge integer ranges),
 and a value list is the natural way for a study file to restrict a parameter.
 """
 
