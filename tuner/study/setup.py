@@ -173,8 +173,8 @@ def claim_device(ctx: Context) -> None:
     workers, which share its hardware, so a refusal is one line before any worker starts.
     """
     device = hardware(ctx.backend.device())
-    with study_lock(ctx.url, ctx.spec.study), Session(get_engine(ctx.url)) as s, s.begin():
-        record = s.get(StudyRecord, ctx.spec.study)
+    with Session(get_engine(ctx.url)) as s, s.begin():  # the study's row lock, not the study lock: a short write
+        record = s.get(StudyRecord, ctx.spec.study, with_for_update=True)
         if record is None:
             raise TunerError(
                 f"study {ctx.spec.study!r} does not exist in {mask_url(ctx.url)}; start it with `tuner run`"
