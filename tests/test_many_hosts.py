@@ -32,11 +32,11 @@ def test_a_racing_claim_is_judged_by_the_database_clock(write_spec, pg_url, monk
     results = ResultStore(ctx.url)
     behind = SimpleNamespace(time=lambda: time.time() - 7200, time_ns=time.time_ns)  # a host whose clock is 2 h behind
     monkeypatch.setattr(race, "time", behind)
-    assert Racer(ctx, study, results, "w-behind", ChildHandle())._claim(5)
+    assert Racer(ctx, study, results, "w-behind", ChildHandle())._claim(5, "run-1")
     monkeypatch.setattr(race, "time", time)
     claim = racing.races(study)["5"]["claim"]
     assert abs(claim["since"] - time.time()) < 600  # stamped by the database, not by the claiming host
-    assert not Racer(ctx, study, results, "w-other", ChildHandle())._claim(5)  # a fresh claim: not taken over
+    assert not Racer(ctx, study, results, "w-other", ChildHandle())._claim(5, "run-2")  # a fresh claim: not taken over
 
 
 def _waiters(conn: psycopg2.extensions.connection, key: int) -> int:
