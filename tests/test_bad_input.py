@@ -31,8 +31,8 @@ def _tables(pg_url: str) -> list[str]:
     return names
 
 
-def _fails_cleanly(result, *needles: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+def _fails_cleanly(result, *needles: str, code: int = 2) -> str:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1, err
     assert "Traceback" not in err
@@ -202,13 +202,15 @@ def test_bad_data_file(write_spec, tmp_path: Path) -> None:
     _fails_cleanly(tuner("run", str(spec)), "data.file", "shape")
 
 
-def test_unreachable_database_masks_the_password(write_spec, tmp_path: Path) -> None:
+def test_unreachable_database_masks_the_password_and_exits_3(write_spec, tmp_path: Path) -> None:
     url = f"postgresql://tuner:{SECRET}@127.0.0.1:1/nothing"
     spec = write_spec()
-    err = _fails_cleanly(tuner("run", str(spec), "--storage", url), "cannot connect", "tuner:***@127.0.0.1:1")
-    assert SECRET not in err
+    done = tuner("run", str(spec), "--storage", url)  # a password on the command line: warned about first
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "cannot connect" in last and "tuner:***@127.0.0.1:1" in last and SECRET not in done.stderr
     # the environment variable and the study file are masked the same way
-    err = _fails_cleanly(tuner("status", str(spec), env={"TUNER_STORAGE": url}), "***")
+    err = _fails_cleanly(tuner("status", str(spec), env={"TUNER_STORAGE": url}), "***", code=3)
     assert SECRET not in err
     assert not (tmp_path / ".tuner").exists() or not list((tmp_path / ".tuner").rglob("*.db"))
 

@@ -20,6 +20,18 @@ class MissingLibrary(TunerError):
     exit_code: ClassVar[int] = 3  # the environment, not the input
 
 
+class Unavailable(TunerError):
+    """The environment failed the study: the database is unreachable, the workers died (exit status 3)."""
+
+    exit_code: ClassVar[int] = 3
+
+
+class Interrupted(TunerError):
+    """The run was stopped (Ctrl-C, SIGTERM); what is done is kept and the next run resumes (exit status 130)."""
+
+    exit_code: ClassVar[int] = 130
+
+
 def require(module: str, needed_by: str, install: str) -> None:
     """Raise MissingLibrary unless the top-level `module` is importable: "`needed_by` needs `module` ...: `install`"."""
     if importlib.util.find_spec(module) is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Annotated
@@ -9,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tuner.spec import load_spec, resolve_storage
+from tuner.api import Study
 from tuner.store.urls import STORAGE_ENV, has_secret
 from tuner.study.setup import Context
 
@@ -27,17 +29,41 @@ def _console(stderr: bool = False) -> Console:
 console = _console()
 err_console = _console(stderr=True)
 
+
+@dataclass
+class Settings:
+    """The options before the command (`tuner -q run ...`)."""
+
+    quiet: bool = False  # -q: no progress, only the result and errors
+    verbose: bool = False  # -v: each trial's whole route
+
+
+settings = Settings()
+
 SpecArg = Annotated[Path, typer.Argument(help="The study file (TOML).", show_default=False)]
 StorageOpt = Annotated[
     str | None, typer.Option("--storage", help="Storage URL (overrides $TUNER_STORAGE and the study file).")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help='Print JSON for scripts (errors too, as {"error": ...}).')]
+NO_SPEEDUP_EXIT = 4  # --fail-if-no-speedup: the verdict is not a confirmed speedup
+FailIfNoSpeedupOpt = Annotated[
+    bool, typer.Option("--fail-if-no-speedup", help=f"Exit {NO_SPEEDUP_EXIT} unless the verdict is a speedup.")
+]
 
 
 def context(spec_path: Path, storage: str | None) -> Context:
     """Validate the study file, then bind it to its storage URL (warning if `--storage` carries a password)."""
-    spec = load_spec(spec_path)
-    return Context(spec, resolve_storage(spec, storage_option(storage)))
+    return study(spec_path, storage).context()
+
+
+def study(spec_path: Path, storage: str | None) -> Study:
+    """The study file as a `Study` bound to its storage (warning if `--storage` carries a password)."""
+    return Study.from_file(spec_path, storage_option(storage))
+
+
+def emit_json(doc: object) -> None:
+    """One JSON document on stdout."""
+    print(json.dumps(doc))
 
 
 def storage_option(storage: str | None) -> str | None:

@@ -1,100 +1,72 @@
-"""`tuner status`, `tuner best` (with `--export`) and `tuner space`."""
+"""`tuner status`, `tuner best` (with `--export`), `tuner trials` and `tuner space`."""
 
 from __future__ import annotations
 
-import json
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
-import optuna
 import typer
 from rich.table import Table
 
 from tuner.backends.base import Backend
-from tuner.cli.common import JsonOpt, SpecArg, StorageOpt, console, context, err_console, fmt_ms
+from tuner.cli.common import (
+    NO_SPEEDUP_EXIT,
+    FailIfNoSpeedupOpt,
+    JsonOpt,
+    SpecArg,
+    StorageOpt,
+    console,
+    context,
+    emit_json,
+    err_console,
+    fmt_ms,
+    study,
+)
 from tuner.errors import TunerError
-from tuner.export import export_choice, export_trial, machine_share, measured_shapes, route_space
+from tuner.export import route_space
 from tuner.export.describe import change_lines
-from tuner.study.outcome import is_feasible
-from tuner.study.verdict import UNCONFIRMED, Estimate, Headline, study_headline
+from tuner.space import SearchSpace
+from tuner.study.verdict import SPEEDUP, UNCONFIRMED, Estimate
+
+FINISHED = ("complete", "pruned", "fail")
 
 
 def status(spec: SpecArg, storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
     """The study's verdict, counts by state, best feasible so far, speedup over the default route, elapsed time."""
-    ctx = context(spec, storage)
-    study = ctx.load()
-    s, head = study_headline(study)
+    doc = study(spec, storage).status()
     if as_json:
-        print(json.dumps({**s.status_json(), **head.to_json()}))
+        emit_json(doc)
         return
-    console.print(head.sentence, highlight=False, soft_wrap=True)
-    t = Table(title=f"study {s.study}", show_header=False)
+    console.print(doc["headline"], highlight=False, soft_wrap=True, markup=False)
+    best = doc["best_trial"]
+    t = Table(title=f"study {doc['study']}", show_header=False)
     for label, value in (
-        ("budget", s.budget),
-        ("complete", s.complete),
-        ("  feasible", s.feasible),
-        ("pruned (accuracy gate)", s.pruned),
-        ("failed", s.failed),
-        ("running", s.running),
-        ("waiting", s.waiting),
-        ("re-queued (lost/interrupted)", s.requeued),
-        ("cache hits", s.cache_hits),
-        ("failure classes", ", ".join(f"{k}: {v}" for k, v in sorted(s.failure_classes.items())) or "-"),
-        ("best feasible", f"{fmt_ms(s.best_ms)} (trial {s.best.number})" if s.best else "-"),
-        ("default route", fmt_ms(s.default_ms)),
-        ("verdict", head.verdict),
-        ("speedup", _estimate_text(head.estimate, head)),
-        ("study's own estimate", _estimate_text(head.study, head)),
-        ("elapsed", f"{s.elapsed_s:.1f} s"),
+        ("budget", doc["budget"]),
+        ("complete", doc["complete"]),
+        ("  feasible", doc["feasible"]),
+        ("pruned (accuracy gate)", doc["pruned"]),
+        ("failed", doc["failed"]),
+        ("running", doc["running"]),
+        ("waiting", doc["waiting"]),
+        ("re-queued (lost/interrupted)", doc["requeued"]),
+        ("cache hits", doc["cache_hits"]),
+        ("failure classes", ", ".join(f"{k}: {v}" for k, v in sorted(doc["failure_classes"].items())) or "-"),
+        ("best feasible", f"{fmt_ms(doc['best_ms'])} (trial {best})" if best is not None else "-"),
+        ("default route", fmt_ms(doc["default_ms"])),
+        ("verdict", doc["verdict"]),
+        ("speedup", _speedup_text(doc["speedup"], doc["speedup_ci"], doc["verdict_trial"])),
+        ("study's own estimate", _speedup_text(doc["study_speedup"], doc["study_speedup_ci"], doc["verdict_trial"])),
+        ("elapsed", f"{doc['elapsed_s']:.1f} s (confirmation {doc['confirm_s']:.1f} s)"),
     ):
         t.add_row(label, str(value))
     console.print(t)
 
 
-def _estimate_text(est: Estimate | None, head: Headline) -> str:
-    return "-" if est is None or head.trial is None else f"{est.text()} for trial {head.trial.number}"
-
-
-def best_document(ctx: Any, study: optuna.Study | None = None) -> tuple[dict[str, Any], Headline]:
-    """The stable `tuner best --json` document about the route the verdict is about, and the verdict."""
-    study = study or ctx.load()
-    s, head = study_headline(study)
-    if s.best is None:
-        raise TunerError(f"study {s.study!r} has no feasible trial yet")
-    confirmation = study.user_attrs.get("confirmation")
-    trial = head.trial or s.best
-    acc = trial.user_attrs.get("accuracy", {})
-    doc = {
-        "study": s.study,
-        "trial": trial.number,
-        "route": trial.params,
-        "value": trial.value,
-        "baseline_value": s.baseline_value,
-        "measured_ms": trial.user_attrs.get("measured_ms"),
-        "default_ms": s.default_ms,
-        "contention": (confirmation or {}).get("contention"),
-        "accuracy": {
-            "metric": acc.get("metric", ctx.spec.accuracy.metric),
-            "value": acc.get("value"),
-            "tolerance": ctx.spec.accuracy.tolerance,
-        },
-        "feasible": is_feasible(trial),
-        "statistic": ctx.spec.objective.statistic,
-        "unit": "ms",
-        "latency_ms": trial.user_attrs.get("latency_ms"),
-        "artifact_sha256": trial.user_attrs.get("artifact_sha256"),
-        "artifact_bytes": trial.user_attrs.get("artifact_bytes"),
-        "peak_memory_mb": trial.user_attrs.get("peak_memory_mb"),
-        "memory_kind": trial.user_attrs.get("memory_kind"),
-        "max_memory_mb": ctx.spec.objective.max_memory_mb,
-        "shapes": measured_shapes(ctx, trial),
-        "machine_share": machine_share(ctx, trial),
-        "baseline_trial": s.baseline.number if s.baseline else None,
-        "study_best_trial": s.best.number,
-        "confirmation": confirmation,
-        **head.to_json(),
-    }
-    return doc, head
+def _speedup_text(speedup: float | None, ci: list[float] | None, trial: int | None) -> str:
+    if speedup is None or trial is None:
+        return "-"
+    return Estimate(speedup, *(ci or (None, None)), paired=ci is not None).text() + f" for trial {trial}"
 
 
 def best(
@@ -111,32 +83,42 @@ def best(
         int | None,
         typer.Option("--trial", min=0, help="With --export: export this feasible trial instead, confirmed or not."),
     ] = None,
+    fail_if_no_speedup: FailIfNoSpeedupOpt = False,
 ) -> None:
     """The study's verdict and the route it is about (never one that breaks the tolerance)."""
     if trial is not None and export is None:
         raise TunerError("--trial N only chooses what --export writes; add --export DIR")
-    ctx = context(spec, storage)
-    study = ctx.load()
-    doc, head = best_document(ctx, study)
+    chosen = study(spec, storage)
+    doc = chosen.best()
     if export is not None:
-        message = export_trial(ctx, doc, export_choice(study, head, trial), export)
-        err_console.print(message, highlight=False, soft_wrap=True)
+        err_console.print(chosen.export(export, trial), highlight=False, soft_wrap=True, markup=False)
     if as_json:
-        print(json.dumps(doc))
-        return
-    console.print(head.sentence, highlight=False, soft_wrap=True)
-    study_line = f"; the study's own estimate {head.study.text()}" if head.study and head.verdict != UNCONFIRMED else ""
-    changed = change_lines(doc["route"], dict(study.user_attrs.get("default_route") or {}), route_space(ctx))
+        emit_json(doc)
+    else:
+        _print_best(doc, route_space(chosen.context()))
+    if fail_if_no_speedup and doc["verdict"] != SPEEDUP:
+        raise typer.Exit(NO_SPEEDUP_EXIT)
+
+
+def _print_best(doc: dict[str, Any], space_: SearchSpace | None) -> None:
+    console.print(doc["headline"], highlight=False, soft_wrap=True, markup=False)
+    own = doc["study_speedup"]
+    study_line = ""
+    if own is not None and doc["verdict"] != UNCONFIRMED:
+        ci = doc["study_speedup_ci"]
+        study_line = f"; the study's own estimate {Estimate(own, *(ci or (None, None)), paired=ci is not None).text()}"
+    changed = change_lines(doc["route"], doc["default_route"], space_)
     measured = (doc["measured_ms"] or {}).get("trial")
     console.print(
-        f"  trial {doc['trial']}: {fmt_ms(measured)} in the study, default route "
-        f"{fmt_ms(doc['default_ms'])}{study_line}\n  {doc['accuracy']['metric']} = {doc['accuracy']['value']} "
-        f"(tolerance {doc['accuracy']['tolerance']})\n  changes from the default route:\n"
-        + "\n".join(f"    {line}" for line in changed),
+        f"  trial {doc['trial']}: {fmt_ms(measured)} in the study, default route {fmt_ms(doc['default_ms'])}"
+        f"{study_line}\n"
+        f"  {doc['accuracy']['metric']} = {doc['accuracy']['value']} (tolerance {doc['accuracy']['tolerance']})\n"
+        f"  changes from the default route:\n" + "\n".join(f"    {line}" for line in changed),
         highlight=False,
         soft_wrap=True,
+        markup=False,
     )
-    console.print(f"  confirmation: {_confirmation_text(doc)}", highlight=False, soft_wrap=True)
+    console.print(f"  confirmation: {_confirmation_text(doc)}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _confirmation_text(doc: dict[str, Any]) -> str:
@@ -152,9 +134,25 @@ def _confirmation_text(doc: dict[str, Any]) -> str:
     return str(conf["message"])
 
 
-def space(spec: SpecArg) -> None:
-    """List the search space the study would explore on this machine."""
+def space(spec: SpecArg, as_json: JsonOpt = False) -> None:
+    """List the search space the study would explore on this machine (writes nothing)."""
     ctx = context(spec, None)
+    with tempfile.TemporaryDirectory(prefix="tuner-space-") as scratch:  # the preparation's products are dropped
+        steps = ctx.backend.preparation(ctx.model_info, ctx.space, Path(scratch), log=lambda _: None)
+    if as_json:
+        emit_json(
+            {
+                "backend": ctx.spec.backend.name,
+                "params": [
+                    {"name": p.name, "choices": list(p.choices), "default": p.default, "about": p.help, "why": p.why}
+                    for p in ctx.space.params
+                ],
+                "routes": len(ctx.space.routes()),
+                "preparation": steps,
+                "options": {o.name: ctx.spec.backend.options.get(o.name, o.default) for o in ctx.backend.options},
+            }
+        )
+        return
     t = Table(title=f"{ctx.spec.backend.name} routes for {ctx.spec.model.path.name}")
     for col in ("parameter", "choices", "default", "about"):
         t.add_column(col)
@@ -165,12 +163,38 @@ def space(spec: SpecArg) -> None:
     for p in ctx.space.params:  # why some values are not offered for this model (e.g. it is already quantized)
         if p.why:
             console.print(f"{p.name}: {p.why}", highlight=False, markup=False)
-    steps = ctx.backend.preparation(ctx.model_info, ctx.space, ctx.work_dir, log=lambda _: None)
     if steps:
-        console.print("model preparation before int8 variants (once, cached by content):")
+        console.print("model preparation before int8 variants (cached by content when a study runs):")
         for step in steps:
             console.print(f"  {step['step']}: {step['status']} {step.get('detail', '')}".rstrip(), highlight=False)
     console.print(options_table(ctx.backend, ctx.spec.backend.options))
+
+
+def trials(
+    spec: SpecArg,
+    storage: StorageOpt = None,
+    as_json: JsonOpt = False,
+    failed: Annotated[
+        bool, typer.Option("--failed", help="Only the trials that did not give a feasible route.")
+    ] = False,
+) -> None:
+    """List the study's trials: outcome, what each route changes from the default, speedup, message."""
+    rows = study(spec, storage).trials()
+    if failed:
+        rows = [r for r in rows if r["state"] in FINISHED and r["outcome"] != "feasible"]
+    if as_json:
+        emit_json(rows)
+        return
+    t = Table(title=f"{len(rows)} trial(s)")
+    for col in ("trial", "outcome", "changes from the default route", "ms", "speedup", "message"):
+        t.add_column(col)
+    for r in rows:
+        changes = ", ".join(f"{k}={v}" for k, v in r["changes"].items()) or "(default route)"
+        speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        t.add_row(
+            str(r["number"]), r["outcome"], changes, fmt_ms(r["value"]).removesuffix(" ms"), speedup, r["message"]
+        )
+    console.print(t)
 
 
 def options_table(backend: Backend, chosen: dict[str, Any]) -> Table:

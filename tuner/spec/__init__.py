@@ -1,6 +1,6 @@
 """The study file (TOML): what to tune, how to judge it, where to keep it."""
 
-from tuner.spec.load import load_spec, resolve_storage
+from tuner.spec.load import load_spec, make_storage_dir, resolve_storage, spec_from_doc
 from tuner.spec.model import (
     AccuracySpec,
     BackendSpec,
@@ -22,5 +22,7 @@ __all__ = [
     "RunSpec",
     "Spec",
     "load_spec",
+    "make_storage_dir",
     "resolve_storage",
+    "spec_from_doc",
 ]

@@ -52,6 +52,7 @@ _SECTIONS: dict[str, set[str]] = {
         "keep_best",
         "max_disk_mb",
         "mix_devices",
+        "timeout_s",
     },
 }
 
@@ -141,7 +142,15 @@ def load_spec(path: str | os.PathLike[str]) -> Spec:
         doc = tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(p, "(syntax)", f"not valid TOML: {exc}") from exc
+    return spec_from_doc(doc, p)
+
+
+def spec_from_doc(doc: dict[str, Any], path: Path) -> Spec:
+    """Validate a study file's contents; `path` names it in errors and its folder anchors relative paths."""
+    p = Path(path)
     r = _Reader(p, doc)
+    if not isinstance(doc, dict):
+        raise r.fail("(file)", "expected a table of sections")
     unknown = sorted(set(doc) - set(_SECTIONS))
     if unknown:
         raise r.fail(f"[{unknown[0]}]", f"unknown section; expected {', '.join(_SECTIONS)}")
@@ -399,6 +408,7 @@ def _run(r: _Reader) -> RunSpec:
         keep_best=r.count(t, "run", "keep_best", 3),
         max_disk_mb=r.number(t, "run", "max_disk_mb", strict=True) if "max_disk_mb" in t else None,
         mix_devices=r.get(t, "run", "mix_devices", bool, False),
+        timeout_s=r.number(t, "run", "timeout_s", strict=True) if "timeout_s" in t else None,
     )
 
 
@@ -443,5 +453,13 @@ def resolve_storage(spec: Spec, override: str | None = None) -> str:
     url = override or os.environ.get(STORAGE_ENV) or spec.storage
     if url:
         return normalize_url(url)
-    spec.work_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{spec.work_dir / 'study.db'}"
+    return f"sqlite:///{spec.work_dir / 'study.db'}"  # the folder is made by what writes (`make_storage_dir`)
+
+
+def make_storage_dir(url: str) -> None:
+    """Make the folder of a SQLite storage file, before a command that writes opens it (reading ones never do)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        Path(u.database).parent.mkdir(parents=True, exist_ok=True)

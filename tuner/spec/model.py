@@ -92,6 +92,7 @@ class RunSpec:
     keep_best: int = 3  # feasible trials whose artifacts `tuner gc` keeps (with the baseline and confirmed ones)
     max_disk_mb: float | None = None  # `tuner run` collects garbage when the work dir grows past this
     mix_devices: bool = False  # workers on other hardware than the study's first may join (timings then mix devices)
+    timeout_s: float | None = None  # wall-clock cap of one `tuner run`: then the trials in flight are re-queued
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError, SQLAlchemyError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, stop_never, wait_exponential
 
-from tuner.errors import TunerError, first_line
+from tuner.errors import TunerError, Unavailable, first_line
 from tuner.store.urls import mask_url, scrub
 
 VERSION_TABLE = "tuner_alembic_version"
@@ -212,13 +212,13 @@ def get_engine(url: str) -> Engine:
 
 
 def check_reachable(url: str) -> None:
-    """Raise a one-line TunerError unless the database answers."""
+    """Raise a one-line `Unavailable` (a TunerError, exit status 3) unless the database answers."""
     try:
         with get_engine(url).connect() as conn:
             conn.execute(text("SELECT 1"))
     except OperationalError as exc:
         reason = first_line(scrub(str(exc.orig or exc), url))
-        raise TunerError(f"storage {mask_url(url)}: cannot connect ({reason})") from exc
+        raise Unavailable(f"storage {mask_url(url)}: cannot connect ({reason})") from exc
 
 
 def _script_location() -> str:

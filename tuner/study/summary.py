@@ -33,6 +33,7 @@ class Summary:
     elapsed_s: float
     failure_classes: dict[str, int]
     repeated_failures: int = 0
+    confirm_s: float = 0.0  # the confirmation's time, counted in elapsed_s
     default_ms: float | None = None  # the default route as measured (median of its uncontended timings beside trials)
 
     @property
@@ -73,6 +74,7 @@ class Summary:
             "speedup": self.speedup,
             "best_trial": self.best.number if self.best else None,
             "elapsed_s": round(self.elapsed_s, 3),
+            "confirm_s": round(self.confirm_s, 3),
             "failure_classes": self.failure_classes,
             "repeated_failures": self.repeated_failures,
             "repeated_failures_share": round(self.repeated_failures / self.budget, 4) if self.budget else None,
@@ -123,6 +125,7 @@ def summarize_study(study: optuna.Study) -> Summary:
     if starts:
         end = datetime.now() if running or not ends else max(ends)
         elapsed = (end - min(starts)).total_seconds()
+    confirm_s = float((study.user_attrs.get("confirmation") or {}).get("seconds") or 0.0)
     return Summary(
         study=study.study_name,
         budget=study.user_attrs.get("budget"),
@@ -137,7 +140,8 @@ def summarize_study(study: optuna.Study) -> Summary:
         cache_hits=sum(1 for t in trials if t.user_attrs.get("cache_hit")),
         best=min(feasible, key=lambda t: (t.value, t.number)) if feasible else None,
         baseline=baselines[0] if baselines else None,
-        elapsed_s=elapsed,
+        elapsed_s=elapsed + confirm_s,
+        confirm_s=confirm_s,
         failure_classes=classes,
         repeated_failures=repeated_failures(trials),
         default_ms=default_measured(complete),

@@ -1,0 +1,105 @@
+"""The documents a study is read as: its status, its verdict (`tuner best --json`), its trials.
+
+These are stable: keys may be added, never renamed. `tuner.api.Study` returns them and the CLI
+prints them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from tuner.errors import TunerError, first_line
+from tuner.events import changes, outcome
+from tuner.study.outcome import is_feasible
+from tuner.study.racing import baseline_trial, races
+from tuner.study.verdict import Headline, study_estimate, study_headline
+
+if TYPE_CHECKING:
+    from tuner.study.setup import Context
+
+
+def status_document(study: optuna.Study) -> dict[str, Any]:
+    """`tuner status --json`: counts by state, best so far, elapsed time, and the verdict."""
+    s, head = study_headline(study)
+    return {**s.status_json(), **head.to_json()}
+
+
+def verdict_document(ctx: Context, study: optuna.Study) -> tuple[dict[str, Any], Headline]:
+    """`tuner best --json` about the route the verdict is about, and the verdict; with no feasible trial
+    yet, the same keys about no route (trial, route and value None)."""
+    from tuner.export import machine_share, measured_shapes
+
+    s, head = study_headline(study)
+    confirmation = study.user_attrs.get("confirmation")
+    trial = head.trial or s.best
+    acc = trial.user_attrs.get("accuracy", {}) if trial else {}
+    attr = trial.user_attrs.get if trial else (lambda key, default=None: default)
+    doc = {
+        "study": s.study,
+        "trial": trial.number if trial else None,
+        "route": trial.params if trial else None,
+        "default_route": dict(study.user_attrs.get("default_route") or {}),
+        "value": trial.value if trial else None,
+        "baseline_value": s.baseline_value,
+        "measured_ms": attr("measured_ms"),
+        "default_ms": s.default_ms,
+        "contention": (confirmation or {}).get("contention"),
+        "accuracy": {
+            "metric": acc.get("metric", ctx.spec.accuracy.metric),
+            "value": acc.get("value"),
+            "tolerance": ctx.spec.accuracy.tolerance,
+        },
+        "feasible": bool(trial and is_feasible(trial)),
+        "statistic": ctx.spec.objective.statistic,
+        "unit": "ms",
+        "latency_ms": attr("latency_ms"),
+        "artifact_sha256": attr("artifact_sha256"),
+        "artifact_bytes": attr("artifact_bytes"),
+        "peak_memory_mb": attr("peak_memory_mb"),
+        "memory_kind": attr("memory_kind"),
+        "max_memory_mb": ctx.spec.objective.max_memory_mb,
+        "shapes": measured_shapes(ctx, trial),
+        "machine_share": machine_share(ctx, trial),
+        "baseline_trial": s.baseline.number if s.baseline else None,
+        "study_best_trial": s.best.number if s.best else None,
+        "confirmation": confirmation,
+        **head.to_json(),
+    }
+    return doc, head
+
+
+def best_document(ctx: Context, study: optuna.Study) -> tuple[dict[str, Any], Headline]:
+    """The verdict document; TunerError while the study has no feasible trial."""
+    doc, head = verdict_document(ctx, study)
+    if doc["study_best_trial"] is None:
+        raise TunerError(f"study {doc['study']!r} has no feasible trial yet")
+    return doc, head
+
+
+def trial_documents(study: optuna.Study) -> list[dict[str, Any]]:
+    """Every trial: number, state, outcome, route and its changes from the default, value, speedup, message."""
+    trials = study.get_trials(deepcopy=False)
+    default = dict(study.user_attrs.get("default_route") or {})
+    base, raced = baseline_trial(trials), races(study)
+    out = []
+    for t in sorted(trials, key=lambda t: t.number):
+        est = study_estimate(t, base, raced) if is_feasible(t) else None
+        out.append(
+            {
+                "number": t.number,
+                "state": t.state.name.lower(),
+                "outcome": outcome(t) if t.state.is_finished() else t.state.name.lower(),
+                "source": t.user_attrs.get("source", "sampler"),
+                "route": t.params,
+                "changes": changes(t, default),
+                "value": t.value,
+                "speedup": est.speedup if est else None,
+                "speedup_ci": est.ci if est else None,
+                "accuracy": (t.user_attrs.get("accuracy") or {}).get("value"),
+                "duration_s": t.duration.total_seconds() if t.duration else None,
+                "message": first_line(str(t.user_attrs.get("message", ""))),
+            }
+        )
+    return out
