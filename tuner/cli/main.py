@@ -16,7 +16,7 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from tuner import __version__
-from tuner.cli import build, dashboard, db, gc, probe, report, results, run
+from tuner.cli import build, dashboard, db, gc, init, probe, report, results, run
 from tuner.cli.common import err_console, settings
 from tuner.errors import TunerError, first_line
 
@@ -28,6 +28,7 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+app.command("init")(init.init)
 app.command("run")(run.run)
 app.command("status")(results.status)
 app.command("best")(results.best)

@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError
 
 from tuner.errors import first_line
 
-_DTYPES = {
+DTYPES = {
     onnx.TensorProto.FLOAT: "float32",
     onnx.TensorProto.FLOAT16: "float16",
     onnx.TensorProto.DOUBLE: "float64",
@@ -48,7 +48,7 @@ def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None
         if inp.name in initializers:
             continue
         t = inp.type.tensor_type
-        dtype = _DTYPES.get(t.elem_type)
+        dtype = DTYPES.get(t.elem_type)
         if dtype is None:
             raise reader.fail(f"model.inputs.{inp.name}", f"unsupported input element type {t.elem_type}")
         dims = (
