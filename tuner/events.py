@@ -21,6 +21,7 @@ from tuner.study.racing import baseline_trial, races
 from tuner.study.verdict import Estimate, study_estimate
 
 TRIALS, CONFIRMING, DONE = "trials", "confirming", "done"
+SHORT = 3  # route changes a trial line names (the rest counted); -v names them all
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,11 @@ class TrialEvent:
     def text(self, full_route: bool = False) -> str:
         """'trial 3 [precision=int8_static]: feasible, 1.21x (CI 1.10x-1.32x) (3/8, ETA 40 s)'; the whole route
         with `full_route`, else what it changes from the default."""
-        shown = self.route if full_route else self.changes
-        route = ", ".join(f"{k}={v}" for k, v in shown.items()) or "default route"
+        shown = list((self.route if full_route else self.changes).items())
+        if not full_route and len(shown) > SHORT:
+            shown, more = shown[:SHORT], [("", f"+{len(shown) - SHORT} more")]
+            shown += more
+        route = ", ".join(f"{k}={v}" if k else v for k, v in shown) or "default route"
         if self.outcome == "feasible":
             result = "feasible" + (f", {self.speedup.text()}" if self.speedup else "")
         else:

@@ -1,0 +1,80 @@
+"""CLI conventions: help and version, JSON everywhere, exit statuses, progress lines, no repeated or stray work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import tuner
+from tuner import __version__
+
+FP32 = {"precision": ["fp32"]}
+TWO_ROUTES = {"precision": ["fp32"], "intra_op_threads": [0, 1]}
+
+
+def test_help_and_version() -> None:
+    for args in (["-h"], ["--help"], ["run", "-h"], ["trials", "-h"]):
+        shown = tuner(*args)
+        assert shown.returncode == 0 and "Usage" in shown.stdout, (args, shown.stderr)
+    version = tuner("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"route-tuner {__version__}"
+
+
+def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them(write_spec, sqlite_url) -> None:
+    spec = write_spec(**{"run.budget": 3, "backend.space": TWO_ROUTES})
+    run = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")  # stderr is a pipe, not a terminal
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("trial ")]
+    assert [line.split()[1] for line in lines] == ["0", "1", "2"], run.stderr
+    assert lines[0].startswith("trial 0 [default route]: feasible") and "(1/3" in lines[0], lines[0]
+    assert all("\x1b" not in line for line in run.stderr.splitlines())  # no terminal codes in a log
+    rows = json.loads(tuner("trials", str(spec), "--storage", sqlite_url, "--json").stdout)
+    assert [r["number"] for r in rows] == [0, 1, 2] and rows[0]["outcome"] == "feasible"
+    assert set(rows[0]) >= {"state", "outcome", "route", "changes", "value", "speedup", "message"}
+    failed = json.loads(tuner("trials", str(spec), "--storage", sqlite_url, "--json", "--failed").stdout)
+    assert [r["number"] for r in failed] == [r["number"] for r in rows if r["outcome"] != "feasible"]
+    more = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--trials", "4", "--log-format", "json")
+    assert more.returncode == 0, more.stderr
+    events = [json.loads(line) for line in more.stderr.splitlines() if line.startswith("{")]
+    assert [e["number"] for e in events if e["event"] == "trial"] == [3]  # only what this run finished
+    assert {e["event"] for e in events} == {"trial", "phase"}
+
+
+def test_a_second_run_of_a_confirmed_study_does_not_confirm_again(write_spec, sqlite_url) -> None:
+    spec = write_spec(**{"run.budget": 2, "backend.space": TWO_ROUTES})
+    args = ("run", str(spec), "--storage", sqlite_url, "--confirm-top-k", "1", "--confirm-rounds", "3")
+    first = tuner(*args)
+    assert first.returncode == 0, first.stderr
+    assert "confirm round 1/3" in first.stderr, first.stderr  # the confirmation shows its rounds
+    confirmed = json.loads(tuner("best", str(spec), "--storage", sqlite_url, "--json").stdout)["confirmation"]
+    status = json.loads(tuner("status", str(spec), "--storage", sqlite_url, "--json").stdout)
+    assert status["confirm_s"] > 0 and status["elapsed_s"] >= status["confirm_s"]  # counted in the elapsed time
+    again = tuner(*args, "--json")
+    assert again.returncode == 0, again.stderr
+    assert "confirm round" not in again.stderr and "stored confirmation holds" in again.stderr, again.stderr
+    assert json.loads(again.stdout)["confirmation"]["id"] == confirmed["id"]
+
+
+def test_read_only_commands_leave_no_file_behind(write_spec, tmp_path: Path) -> None:
+    spec = write_spec(**{"backend.space": {"precision": ["fp32", "int8_static"]}})  # int8: a prepared model
+    before = sorted(tmp_path.rglob("*"))
+    listed = tuner("space", str(spec), "--json")
+    assert listed.returncode == 0, listed.stderr
+    doc = json.loads(listed.stdout)
+    assert doc["routes"] > 1 and doc["preparation"], doc
+    for command in ("status", "best", "trials"):
+        refused = tuner(command, str(spec), "--json")
+        assert refused.returncode == 2 and "does not exist" in json.loads(refused.stdout)["error"]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_exit_statuses_bad_input_2_timeout_0_no_speedup_4(write_spec, sqlite_url, tmp_path: Path) -> None:
+    bad = tuner("run", str(write_spec("bad.toml", **{"run.budget": 0})), "--json")
+    assert bad.returncode == 2 and json.loads(bad.stdout) == {"error": bad.stderr.strip()[7:], "exit_code": 2}
+    spec = write_spec(**{"run.budget": 1, "backend.space": FP32})
+    assert tuner("run", str(spec), "--log-format", "xml").returncode == 2
+    capped = tuner("run", str(spec), "--storage", sqlite_url, "--timeout", "0.01")  # stops at its first look
+    assert capped.returncode == 0, capped.stderr
+    assert "timeout: 0.01 s passed" in capped.stderr
+    done = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--fail-if-no-speedup")
+    assert done.returncode == 4, done.stderr  # unconfirmed is not a speedup
