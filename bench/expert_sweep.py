@@ -35,11 +35,11 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from tuner.backends.base import Artifact  # noqa: E402
-from tuner.cli.results import best_document  # noqa: E402
 from tuner.measure.accuracy import Tolerances, compare, worst  # noqa: E402
 from tuner.measure.speedup import speedup_interval  # noqa: E402
 from tuner.spec import load_spec  # noqa: E402
 from tuner.store.cache import ResultStore  # noqa: E402
+from tuner.study.documents import best_document  # noqa: E402
 from tuner.study.setup import Context  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "expert-sweep.json"
@@ -146,7 +146,7 @@ def tuner_winner(spec_path: Path, budget: int, storage: str, rerun: bool = True)
         subprocess.run(run, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     spec = load_spec(spec_path)
     ctx = Context(spec, storage)
-    doc = best_document(ctx)[0]
+    doc = best_document(ctx, ctx.load())[0]
     doc["study_wall_s"] = round(time.time() - t0, 1)
     record = ResultStore(ctx.url).artifact(doc["artifact_sha256"])
     runner = ctx.backend.load(Artifact(Path(record.path), 0.0), doc["route"], None)

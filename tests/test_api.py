@@ -63,4 +63,14 @@ def test_the_readme_example_runs(write_spec, tmp_path) -> None:
     code = example.replace(bundled.group(1), str(spec))
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("unconfirmed "), done.stdout
+    assert done.stdout.startswith("unconfirmed\n0 feasible "), done.stdout
+
+
+def test_the_docstring_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import doctest
+
+    import tuner.api
+
+    monkeypatch.chdir(REPO)  # the examples name the bundled files from the checkout's root
+    result = doctest.testmod(tuner.api)
+    assert result.attempted >= 3 and result.failed == 0

@@ -5,11 +5,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from optuna.trial import TrialState
+
 from tests.conftest import tuner
+from tests.helpers import trials
 from tuner import __version__
 
+FAULT = "tests.backends:FaultBackend"
 FP32 = {"precision": ["fp32"]}
 TWO_ROUTES = {"precision": ["fp32"], "intra_op_threads": [0, 1]}
+SAME_SPEED = {  # two routes that differ only in the memory arena: both feasible, neither clearly slower
+    "precision": ["fp32"],
+    "graph_optimization_level": ["all"],
+    "execution_mode": ["sequential"],
+    "intra_op_threads": [0],
+    "cpu_mem_arena": [True, False],
+    "mem_pattern": [True],
+}
 
 
 def test_help_and_version() -> None:
@@ -33,6 +45,8 @@ def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them
     assert set(rows[0]) >= {"state", "outcome", "route", "changes", "value", "speedup", "message"}
     failed = json.loads(tuner("trials", str(spec), "--storage", sqlite_url, "--json", "--failed").stdout)
     assert [r["number"] for r in failed] == [r["number"] for r in rows if r["outcome"] != "feasible"]
+    plan = json.loads(tuner("gc", str(spec), "--storage", sqlite_url, "--json").stdout)
+    assert plan["study"] == "tiny" and plan["removed"] is False and "0" in plan["kept"]
     more = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--trials", "4", "--log-format", "json")
     assert more.returncode == 0, more.stderr
     events = [json.loads(line) for line in more.stderr.splitlines() if line.startswith("{")]
@@ -41,7 +55,7 @@ def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them
 
 
 def test_a_second_run_of_a_confirmed_study_does_not_confirm_again(write_spec, sqlite_url) -> None:
-    spec = write_spec(**{"run.budget": 2, "backend.space": TWO_ROUTES})
+    spec = write_spec(**{"run.budget": 2, "run.racing": False, "backend.space": SAME_SPEED})
     args = ("run", str(spec), "--storage", sqlite_url, "--confirm-top-k", "1", "--confirm-rounds", "3")
     first = tuner(*args)
     assert first.returncode == 0, first.stderr
@@ -53,6 +67,9 @@ def test_a_second_run_of_a_confirmed_study_does_not_confirm_again(write_spec, sq
     assert again.returncode == 0, again.stderr
     assert "confirm round" not in again.stderr and "stored confirmation holds" in again.stderr, again.stderr
     assert json.loads(again.stdout)["confirmation"]["id"] == confirmed["id"]
+    forced = tuner(*args, "--reconfirm", "--json")
+    assert forced.returncode == 0 and "confirm round 1/3" in forced.stderr, forced.stderr
+    assert json.loads(forced.stdout)["confirmation"]["id"] != confirmed["id"]
 
 
 def test_read_only_commands_leave_no_file_behind(write_spec, tmp_path: Path) -> None:
@@ -68,13 +85,27 @@ def test_read_only_commands_leave_no_file_behind(write_spec, tmp_path: Path) -> 
     assert sorted(tmp_path.rglob("*")) == before
 
 
-def test_exit_statuses_bad_input_2_timeout_0_no_speedup_4(write_spec, sqlite_url, tmp_path: Path) -> None:
+def test_exit_statuses_bad_input_2_no_speedup_4(write_spec, sqlite_url, tmp_path: Path) -> None:
     bad = tuner("run", str(write_spec("bad.toml", **{"run.budget": 0})), "--json")
     assert bad.returncode == 2 and json.loads(bad.stdout) == {"error": bad.stderr.strip()[7:], "exit_code": 2}
     spec = write_spec(**{"run.budget": 1, "backend.space": FP32})
     assert tuner("run", str(spec), "--log-format", "xml").returncode == 2
-    capped = tuner("run", str(spec), "--storage", sqlite_url, "--timeout", "0.01")  # stops at its first look
-    assert capped.returncode == 0, capped.stderr
-    assert "timeout: 0.01 s passed" in capped.stderr
     done = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--fail-if-no-speedup")
     assert done.returncode == 4, done.stderr  # unconfirmed is not a speedup
+
+
+def test_a_timeout_interrupts_the_trial_in_flight_requeues_it_and_ends_with_a_verdict(
+    write_spec, sqlite_url, tmp_path: Path
+) -> None:
+    markers = tmp_path / "markers"
+    options = {"marker_dir": str(markers), "faults": {"0": "block"}}  # the first build blocks until released: never
+    spec = write_spec(**{"backend.name": FAULT, "backend.options": options, "run.budget": 2, "run.timeout_s": 20.0})
+    capped = tuner("run", str(spec), "--storage", sqlite_url)
+    assert capped.returncode == 0, capped.stderr
+    assert "timeout: 20 s passed; the trials in flight are re-queued" in capped.stderr
+    assert (markers / "blocked-0").exists()  # the cap came while trial 0 was building
+    assert "confirming" not in capped.stderr and capped.stdout.strip(), capped.stdout  # a verdict, unconfirmed
+    ts = trials(sqlite_url, "tiny")
+    assert not [t for t in ts if t.state == TrialState.RUNNING]
+    assert [t.number for t in ts if t.user_attrs.get("failure_class") == "interrupted"] == [0]
+    assert 0 in [t.user_attrs.get("retry_of") for t in ts if t.state == TrialState.WAITING]  # asked again

@@ -61,7 +61,7 @@ class Study:
         """The study file at `path`, validated (model and data included); `storage` overrides its URL.
 
         >>> Study.from_file("studies/efficientnet_lite0.toml").name
-        'efficientnet_lite0'
+        'efficientnet-lite0-cpu'
         """
         return cls(load_spec(path), storage)
 
@@ -205,7 +205,7 @@ class Study:
             except KeyboardInterrupt:
                 raise Interrupted("confirmation interrupted; run again to confirm") from None
         update_note(study)
-        emit(PhaseEvent(CONFIRMING, f"confirmation: {doc['message']}"))
+        emit(PhaseEvent(CONFIRMING, str(doc["message"])))
 
     def status(self) -> dict[str, Any]:
         """Counts by state, the best so far, the speedup, elapsed time and the verdict (`tuner status --json`)."""

@@ -9,6 +9,7 @@ import typer
 
 from tuner.cli.common import StorageOpt, console, context, storage_option
 from tuner.errors import TunerError
+from tuner.spec import make_storage_dir
 from tuner.store.db import check_reachable, schema_lock, upgrade_schema
 from tuner.store.urls import mask_url, normalize_url
 
@@ -25,6 +26,7 @@ def upgrade(
         raise TunerError("db upgrade: give a study file or --storage URL")
     url = normalize_url(storage_option(storage) or "") if spec is None else context(spec, storage).url
     assert url is not None
+    make_storage_dir(url)
     check_reachable(url)
     import optuna
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tuner.cli.common import SpecArg, StorageOpt, console, context
+from tuner.cli.common import JsonOpt, SpecArg, StorageOpt, console, context, emit_json
 from tuner.errors import TunerError
 from tuner.study.gc import Plan, apply_plan, collecting, fmt_bytes, make_plan, refusal
 
@@ -19,13 +19,18 @@ def gc(
     keep_best: Annotated[
         int | None, typer.Option("--keep-best", min=1, help="Feasible trials to keep (default: run.keep_best, 3).")
     ] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Remove artifacts and trial folders of trials not kept: the baseline, the best feasible and confirmed ones
     stay."""
     ctx = context(spec, storage)
     study = ctx.load()
     if not yes:
-        _show(make_plan(ctx, study, keep_best or ctx.spec.run.keep_best), "would remove", spec)
+        plan = make_plan(ctx, study, keep_best or ctx.spec.run.keep_best)
+        if as_json:
+            emit_json(_plan_json(plan, removed=False))
+        else:
+            _show(plan, "would remove", spec)
         return
     with collecting(ctx) as busy:
         plan = make_plan(
@@ -34,9 +39,29 @@ def gc(
         why = busy or refusal(plan)
         if why:
             raise TunerError(why)
-        _show(plan, "removing", spec)
+        if not as_json:
+            _show(plan, "removing", spec)
         freed = apply_plan(ctx, plan)
+    if as_json:
+        emit_json({**_plan_json(plan, removed=True), "freed_bytes": freed})
+        return
     _say(f"removed {len(plan.removals)} item(s), freed {fmt_bytes(freed)}")
+
+
+def _plan_json(plan: Plan, removed: bool) -> dict[str, object]:
+    """The plan as `tuner gc --json` prints it."""
+    return {
+        "study": plan.study,
+        "work_dir": str(plan.work_dir),
+        "work_dir_bytes": plan.work_dir_bytes,
+        "kept": {str(n): why for n, why in sorted(plan.kept.items())},
+        "removals": [
+            {"path": str(r.path.relative_to(plan.work_dir)), "bytes": r.bytes, "reason": r.reason}
+            for r in plan.removals
+        ],
+        "removed": removed,
+        "running": plan.running,
+    }
 
 
 def _say(line: str) -> None:

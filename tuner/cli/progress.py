@@ -67,4 +67,5 @@ class Progress:
             return Text(f"{self.phase} ...")
         e = self.last
         eta = "" if e.eta_s is None else f", ETA {max(0.0, e.eta_s - (time.monotonic() - self.last_at)):.0f} s"
-        return Text(f"{self.phase}: {e.done}/{e.budget} trials done{eta if self.phase == TRIALS else ''}")
+        running = self.phase == TRIALS and e.done < e.budget
+        return Text(f"{self.phase}: {e.done}/{e.budget} trials done{eta if running else ''}")

@@ -111,3 +111,5 @@ def _print_verdict(doc: dict[str, Any]) -> None:
             soft_wrap=True,
             markup=False,
         )
+    if doc.get("confirmation"):
+        console.print(f"confirmation: {doc['confirmation']['message']}", highlight=False, soft_wrap=True, markup=False)
