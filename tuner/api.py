@@ -71,9 +71,9 @@ class Study:
     ) -> Study:
         """A study file's contents as a mapping (the TOML's tables as dicts); paths are relative to `base_dir`.
 
-        >>> doc = {"study": {"name": "lite0"}, "model": {"path": "models/efficientnet_lite0.onnx"},
-        ...        "accuracy": {"metric": "top1_mismatch", "tolerance": 0.0}, "backend": {"name": "onnxruntime"},
-        ...        "run": {"budget": 4}}
+        >>> model = {"path": "models/efficientnet_lite0.onnx", "inputs": {"images": {"shape": [1, 3, 224, 224]}}}
+        >>> doc = {"study": {"name": "lite0"}, "model": model, "backend": {"name": "onnxruntime"},
+        ...        "accuracy": {"metric": "top1_mismatch", "tolerance": 0.0}, "run": {"budget": 4}}
         >>> Study.from_dict(doc, ".").name
         'lite0'
         """
