@@ -18,12 +18,19 @@ from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from tests.conftest import REPO, SpecWriter
 from tests.helpers import start_tuner, trials, wait_for_file
 from tuner import job as J
 from tuner.measure.exclusive import HOST, DeviceLock, LockWaitExpired, private_dir, waited
 from tuner.spec import load_spec
+from tuner.store.cache import ResultStore
+from tuner.store.db import get_engine
+from tuner.store.leases import LeaseLost
+from tuner.store.models import CachedResult
+from tuner.store.urls import normalize_url
 from tuner.study.setup import Context
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
@@ -82,6 +89,17 @@ def test_a_stopped_baseline_worker_is_reaped_and_the_study_ends_at_its_budget(
     assert not [t for t in ts if t.user_attrs.get("failure_class") == "timeout"]  # nobody waited into a timeout
     rerun = [t for t in ts if t.user_attrs.get("retry_of") == 0]
     assert len(rerun) == 1 and rerun[0].state == TrialState.COMPLETE and rerun[0].user_attrs["source"] == "baseline"
+    # Fenced: once resumed, the reaped worker's late result is discarded with one line, and nothing of it is stored.
+    log = (tmp_path / "run.log").read_text()
+    assert log.count("trial 0 was reaped while this worker was stopped; its late result is discarded") == 1, log[-3000:]
+    assert "Traceback" not in log and "UpdateFinishedTrialError" not in log
+    url = normalize_url(pg_url)
+    measured = [m.trial_number for m in ResultStore(url).measurements("tiny", kind="trial")]
+    assert 0 not in measured and len(measured) == len(set(measured))  # nothing written twice
+    with Session(get_engine(url)) as s:
+        assert not s.scalars(
+            select(CachedResult).where(CachedResult.study == "tiny", CachedResult.trial_number == 0)
+        ).all()
 
 
 def test_the_lock_directory_is_private(tmp_path: Path) -> None:
@@ -246,9 +264,9 @@ def test_an_interrupted_tell_broken_after_each_commit_re_queues_once(faulty) -> 
     worker, watch = faulty
     worker.study.enqueue_trial(worker.ctx.space.default_route())
     trial = worker.study.ask()
-    worker.leases.take(oa.trial_id(trial), worker.owner)
+    fence = worker.leases.take(oa.trial_id(trial), worker.owner)
     watch.drop_after_commit("requeue", "tell")
-    worker._hand_back(trial)
+    worker._hand_back(trial, fence)
     ts = worker.study.get_trials(deepcopy=False)
     assert set(watch.dropped) == {"requeue", "tell"}
     assert next(t for t in ts if t.number == trial.number).user_attrs["failure_class"] == J.INTERRUPTED
@@ -277,3 +295,37 @@ def test_a_measurement_and_a_racing_change_broken_after_their_commit_are_kept_on
     assert racer._record(7, run_id, measured, 1.0)  # a record repeated (its reply lost) changes nothing again
     assert racing.races(worker.study)["7"]["remeasured"] == 1
     assert len([m for m in worker.results.measurements("tiny") if m.trial_number == 7]) == 1
+
+
+# -- fencing: a reaped owner writes nothing ---------------------------------------------------------
+
+
+def test_a_reap_between_the_owners_check_and_its_write_fences_the_owner_out(faulty, caplog) -> None:  # noqa: ANN001
+    from tuner.study import optuna_adapter as oa
+
+    worker, _ = faulty
+    route = worker.ctx.space.default_route()
+    worker.study.enqueue_trial(route)
+    trial = worker.study.ask()
+    fence = worker.leases.take(oa.trial_id(trial), worker.owner)
+    reaper = worker.leases.claim_reap(oa.trial_id(trial), grace_s=-1.0)  # another worker's reap, not yet written
+    assert reaper is not None and reaper.epoch == fence.epoch + 1
+    assert worker.leases.beat(fence) is False  # the owner's heartbeat no longer counts
+    late = J.Result(status=J.OK, latency={"median": 1.0}, samples_ms=[1.0, 1.1, 0.9])
+    with pytest.raises(LeaseLost):
+        worker._store("k" * 64, trial.number, route, late, fence)
+    with caplog.at_level("WARNING", logger="tuner.worker"):
+        worker._settle(trial, lambda: worker._tell(trial, late, {}, fence))  # no UpdateFinishedTrialError, no crash
+    assert [r.getMessage() for r in caplog.records] == [
+        f"trial {trial.number} was reaped while this worker was stopped; its late result is discarded"
+    ]
+    mine = oa.trial_by_number(worker.study, trial.number)
+    assert mine.state == TrialState.RUNNING and "failure_class" not in mine.user_attrs  # the owner wrote nothing
+    assert not worker.results.measurements("tiny") and worker.results.lookup("k" * 64) is None
+    again = worker.leases.claim_reap(oa.trial_id(trial), grace_s=-1.0)  # the first reaper was thought dead
+    assert again is not None
+    with pytest.raises(LeaseLost):  # ... so its own write is refused too
+        oa.settle_trial(worker.study, trial, TrialState.FAIL, None, {"failure_class": J.LOST}, fence=reaper)
+    assert oa.settle_trial(worker.study, trial, TrialState.FAIL, None, {"failure_class": J.LOST}, fence=again)
+    assert not oa.settle_trial(worker.study, trial, TrialState.FAIL, None, {}, fence=again)  # repeated: nothing
+    assert oa.trial_by_number(worker.study, trial.number).state == TrialState.FAIL

@@ -81,14 +81,14 @@ def test_a_trial_without_a_lease_ages_on_the_database_clock(worker: Worker) -> N
 
 def test_a_lease_that_beats_again_after_being_judged_lost_is_not_reaped(worker: Worker) -> None:
     tid = _running_trial(worker)
-    worker.leases.take(tid, Owner("w9-frozen", host="elsewhere", pid=1))
+    fence = worker.leases.take(tid, Owner("w9-frozen", host="elsewhere", pid=1))
     _set_heartbeat(worker, tid, 3600)  # its worker was frozen (SIGSTOP, a long GC pause) ...
     assert worker.leases.expired([tid], 60.0) == [tid]
-    worker.leases.beat(tid)  # ... and resumed before the reaper took the study lock
-    assert worker.leases.claim_reap(tid, 60.0) is False
+    assert worker.leases.beat(fence)  # ... and resumed before the reaper took the study lock
+    assert worker.leases.claim_reap(tid, 60.0) is None
     assert worker.study._storage.get_trial(tid).state == TrialState.RUNNING
     _set_heartbeat(worker, tid, 3600)
-    assert worker.leases.claim_reap(tid, 60.0) is True
+    assert worker.leases.claim_reap(tid, 60.0) is not None
 
 
 def test_a_trial_whose_reaper_died_midway_is_reaped_again(worker: Worker) -> None:

@@ -223,17 +223,24 @@ def test_the_optuna_adapter_matches_the_installed_optuna(sqlite_url: str) -> Non
         trial.set_user_attr("failure_class", cls)
         study.tell(trial, state=state)
     running = study.ask()
-    oa.record_running_trial(
-        study, running, {"message": "m", "latency_ms": {"median": 1.5}}, {"accuracy": 0.5, "failure": -1.0}, {3: 2.0}
+    settled = oa.settle_trial(
+        study,
+        running,
+        TrialState.PRUNED,
+        None,
+        {"message": "m", "latency_ms": {"median": 1.5}},
+        {"accuracy": 0.5, "failure": -1.0},
+        {3: 2.0},
     )
     written = oa.storage_of(study).get_trial(oa.trial_id(running))
     assert written.system_attrs["constraints"] == [0.5, -1.0] and written.system_attrs["constraints:accuracy"] == 0.5
     assert written.user_attrs == {"message": "m", "latency_ms": {"median": 1.5}} and written.intermediate_values == {
         3: 2.0
     }
+    assert settled and written.state == TrialState.PRUNED and written.value == 2.0  # as Study.tell: the last report
     assert oa.trial_by_number(study, 1).user_attrs["failure_class"] == "build-error"
     sid = oa.study_id(study)
-    assert oa.count_by_state(sqlite_url, sid) == {"FAIL": 2, "PRUNED": 1, "RUNNING": 1}
+    assert oa.count_by_state(sqlite_url, sid) == {"FAIL": 2, "PRUNED": 2}
     assert oa.count_with_attr(sqlite_url, sid, "FAIL", "failure_class", ["lost", "interrupted"]) == 2
     assert oa.count_with_attr(sqlite_url, sid, "FAIL", "failure_class", ["build-error"]) == 0
     assert oa.count_with_attr(sqlite_url, sid, "FAIL", "failure_class", []) == 0

@@ -14,6 +14,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from tuner.store.db import get_engine, retried
+from tuner.store.leases import Fence
 from tuner.store.models import ArtifactRecord, CachedResult, Environment, Measurement
 
 
@@ -86,9 +87,11 @@ class ResultStore:
             return row
 
     @retried
-    def save(self, key: str, **values: Any) -> None:
-        """Store a result under `key` unless another worker stored one first."""
+    def save(self, key: str, fence: Fence | None = None, **values: Any) -> None:
+        """Store a result under `key` unless another worker stored one first; only while `fence` holds."""
         with Session(self.engine) as s, s.begin():
+            if fence is not None:
+                fence.hold(s.connection())
             _upsert_ignore(s, CachedResult, {"key": key, "created_at": time.time(), **values})
 
     @retried
@@ -102,9 +105,15 @@ class ResultStore:
         stats: dict[str, Any],
         samples_ms: list[float],
         timing_info: dict[str, Any],
+        fence: Fence | None = None,
     ) -> None:
-        """Keep a timing run's raw samples, once: `run_id` (`new_run_id()`, chosen before any retry) is unique."""
+        """Keep a timing run's raw samples, once: `run_id` (`new_run_id()`, chosen before any retry) is unique.
+
+        A trial's own timing run is kept only while its lease `fence` holds (`LeaseLost` otherwise).
+        """
         with Session(self.engine) as s, s.begin():
+            if fence is not None:
+                fence.hold(s.connection())
             _upsert_ignore(
                 s,
                 Measurement,

@@ -5,6 +5,10 @@ A trial whose owner is gone (SIGKILL, power loss) stops beating; any live worker
 (same boot and PID namespace, not merely the same hostname) is reaped at once. A RUNNING trial
 without a lease (its worker died between asking and leasing) is given an ownerless lease when first
 seen, so it ages on the database clock too, never on a host's own clock.
+
+Every lease carries an epoch that each reap and re-lease increments. A write that settles a trial
+(its outcome, its measurement and cache rows) holds its `Fence` in the same transaction: a worker
+whose lease was reaped while it was stopped gets `LeaseLost` and writes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Connection, select, update
 from sqlalchemy.orm import Session
 
 from tuner.store.db import db_epoch, get_engine, retried
@@ -51,6 +55,40 @@ class Owner:
     pid: int = field(default_factory=os.getpid)
 
 
+class LeaseLost(Exception):
+    """The lease a write was fenced by is no longer its holder's: the trial was reaped (or re-leased)."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A lease as one holder took it: the trial, the epoch, and the state the holder left it in."""
+
+    trial_id: int
+    epoch: int
+    state: str = "running"  # the owner's; a reaper's fence is "reaped"
+
+    def hold(self, conn: Connection, settle: bool = False) -> None:
+        """In the caller's transaction: lock the lease and check it is still this holder's; else `LeaseLost`.
+
+        With `settle` an owner's lease ends (`done`) in the same transaction, so no reap can claim it
+        after the outcome is written. A lease this owner already settled (an earlier attempt committed,
+        its reply lost) still holds: the caller finds the trial finished and writes nothing again.
+        """
+        target = "done" if settle and self.state == "running" else self.state
+        held = conn.execute(
+            update(Lease)
+            .where(Lease.trial_id == self.trial_id, Lease.epoch == self.epoch, Lease.state == self.state)
+            .values(state=target)
+        )
+        if held.rowcount == 1:
+            return
+        row = conn.execute(select(Lease.state, Lease.epoch).where(Lease.trial_id == self.trial_id)).first()
+        if row is not None and row.epoch == self.epoch and row.state == "done" and self.state == "running":
+            return
+        now = "no lease" if row is None else f"{row.state} at epoch {row.epoch}"
+        raise LeaseLost(f"trial id {self.trial_id}: lease epoch {self.epoch} is no longer current ({now})")
+
+
 class Leases:
     """Lease operations for one storage URL and study."""
 
@@ -59,8 +97,8 @@ class Leases:
         self.study = study
 
     @retried
-    def take(self, trial_id: int, owner: Owner) -> None:
-        """Start a lease on a trial that was just asked for (replacing an ownerless one)."""
+    def take(self, trial_id: int, owner: Owner) -> Fence:
+        """Start a lease on a trial that was just asked for (replacing an ownerless one, at the next epoch)."""
         with Session(self.engine) as s, s.begin():
             values = {
                 "study": self.study,
@@ -72,24 +110,21 @@ class Leases:
             }
             s.execute(
                 _insert(s)
-                .values(trial_id=trial_id, **values)
-                .on_conflict_do_update(index_elements=["trial_id"], set_=values)
+                .values(trial_id=trial_id, epoch=1, **values)
+                .on_conflict_do_update(index_elements=["trial_id"], set_={**values, "epoch": Lease.epoch + 1})
             )
+            return Fence(trial_id, s.scalars(select(Lease.epoch).where(Lease.trial_id == trial_id)).one())
 
-    def beat(self, trial_id: int) -> None:
-        """Refresh the heartbeat of a running lease."""
+    def beat(self, fence: Fence) -> bool:
+        """Refresh the heartbeat of a running lease; False if it is no longer this holder's."""
         with Session(self.engine) as s, s.begin():
-            s.execute(
+            done = s.execute(
                 update(Lease)
-                .where(Lease.trial_id == trial_id, Lease.state == "running")
+                .where(Lease.trial_id == fence.trial_id, Lease.epoch == fence.epoch, Lease.state == "running")
                 .values(heartbeat_at=db_epoch(s))
+                .execution_options(synchronize_session=False)
             )
-
-    @retried
-    def release(self, trial_id: int) -> None:
-        """The trial finished: its lease is done."""
-        with Session(self.engine) as s, s.begin():
-            s.execute(update(Lease).where(Lease.trial_id == trial_id).values(state="done"))
+            return done.rowcount == 1
 
     @retried
     def expired(self, running_trial_ids: list[int], grace_s: float, trust_heartbeats: bool = True) -> list[int]:
@@ -125,13 +160,14 @@ class Leases:
             return [tid for tid, lease in rows.items() if _lost(lease, now, grace_s if trust_heartbeats else math.inf)]
 
     @retried
-    def claim_reap(self, trial_id: int, grace_s: float) -> bool:
-        """Mark a lost lease reaped, in one conditional UPDATE; False if its owner turned out to be alive.
+    def claim_reap(self, trial_id: int, grace_s: float) -> Fence | None:
+        """Mark a lost lease reaped at the next epoch, in one conditional UPDATE; None if its owner turned out alive.
 
         Claimed only if the lease is still running and, at this moment by the database clock, its
         heartbeat is older than `grace_s` or its owner is a dead process on this host (or it was
         reaped by a reaper that died before failing the trial). Call under the study lock, after
-        checking that the trial is still RUNNING, before failing it.
+        checking that the trial is still RUNNING, before failing it with the returned fence: from now on
+        the owner's writes are refused, and so are those of an earlier reaper of the same lease.
         """
         with Session(self.engine) as s, s.begin():
             stale = Lease.heartbeat_at < db_epoch(s) - grace_s
@@ -144,10 +180,12 @@ class Leases:
             done = s.execute(
                 update(Lease)
                 .where(Lease.trial_id == trial_id, claimable)
-                .values(state="reaped")
+                .values(state="reaped", epoch=Lease.epoch + 1)
                 .execution_options(synchronize_session=False)
             )
-            return done.rowcount == 1
+            if done.rowcount != 1:
+                return None
+            return Fence(trial_id, s.scalars(select(Lease.epoch).where(Lease.trial_id == trial_id)).one(), "reaped")
 
 
 def _insert(session: Session) -> Any:

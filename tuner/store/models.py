@@ -83,6 +83,8 @@ class Lease(Base):
     pid: Mapped[int] = mapped_column(Integer)
     heartbeat_at: Mapped[float] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16))  # running | done | reaped
+    # Incremented by every reap and re-lease: a write that settles the trial checks it (`tuner.store.leases.Fence`).
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class StudyRecord(Base):

@@ -9,8 +9,10 @@ was written for and exercises each function against a real storage. What is used
   per-key constraints of `Trial.set_constraint`;
 - Optuna's RDB models (`optuna.storages._rdb.models`) and the per-key constraint attribute name
   (`constraints:<key>`), to write a finished trial's attributes, constraints and intermediate
-  values in one transaction of a few statements (`record_running_trial`): the public API spends one
-  transaction (two statements) per attribute and a read per constraint;
+  values and its final state in one transaction of a few statements, fenced by its lease
+  (`settle_trial`): the public API spends one transaction (two statements) per attribute and a read
+  per constraint, and `Study.tell` could not check the lease in the transaction that finishes the trial;
+- `Study._thread_local.cached_all_trials`, cleared after such a write as `Study.tell` clears it;
 - trial counts read with SQL on Optuna's `trials` and `trial_user_attributes` tables, because the
   cached storage of a long-lived process is not fresh across processes (the budget must be exact).
 """
@@ -18,7 +20,9 @@ was written for and exercises each function against a real storage. What is used
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import optuna
@@ -30,6 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from tuner.errors import TunerError, first_line
 from tuner.store.db import engine_kwargs, get_engine
+from tuner.store.leases import Fence
 from tuner.store.urls import mask_url, scrub
 
 WRITTEN_FOR = "5.0"  # Optuna major.minor these functions were checked against
@@ -80,48 +85,92 @@ def constraint_attrs(constraints: Mapping[str, float]) -> dict[str, Any]:
 UPSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
-def record_running_trial(
+def settle_trial(
     study: optuna.Study,
-    trial: optuna.Trial,
+    trial: optuna.Trial | FrozenTrial,
+    state: TrialState,
+    value: float | None,
     user_attrs: Mapping[str, Any],
-    constraints: Mapping[str, float],
-    intermediate: Mapping[int, float],
-) -> None:
-    """Write a running trial's user attributes, constraints and intermediate values in one transaction.
+    constraints: Mapping[str, float] | None = None,
+    intermediate: Mapping[int, float] | None = None,
+    fence: Fence | None = None,
+) -> bool:
+    """Finish a running trial: its attributes, constraints, intermediate values and state, in one transaction.
 
-    On PostgreSQL and SQLite: the trial row locked and checked to be running, then one multi-row
-    upsert per table. Elsewhere: Optuna's public calls, one per item.
+    On PostgreSQL and SQLite the lease `fence` is held first (`LeaseLost` if the trial was reaped or
+    re-leased meanwhile, and nothing is written), then the trial row is locked and checked to be
+    running, then one multi-row upsert per table and the state. A trial already finished under this
+    fence (an earlier attempt committed, its reply lost) is left as it is: False. As `Study.tell`
+    does, a PRUNED trial takes its last intermediate value and a COMPLETE one whose value is not a
+    finite number is FAIL; the sampler's `after_trial` runs once the state is stored. Elsewhere:
+    Optuna's public calls, one per item, unfenced.
     """
     storage = storage_of(study)
     rdb = getattr(storage, "_backend", storage)  # the RDB storage behind Optuna's cache
     tid = trial_id(trial)
-    system = constraint_attrs(constraints)
+    system = constraint_attrs(constraints) if constraints else {}
+    intermediate = dict(intermediate or {})
+    state, values = _final(state, value, {**storage.get_trial(tid).intermediate_values, **intermediate})
     upsert = UPSERTS.get(rdb.engine.name) if isinstance(rdb, RDBStorage) else None
     if upsert is None:
-        for key, value in user_attrs.items():
-            storage.set_trial_user_attr(tid, key, value)
-        for key, value in system.items():
-            storage.set_trial_system_attr(tid, key, value)
-        for step, value in intermediate.items():
-            storage.set_trial_intermediate_value(tid, step, value)
-        return
+        for key, v in user_attrs.items():
+            storage.set_trial_user_attr(tid, key, v)
+        for key, v in system.items():
+            storage.set_trial_system_attr(tid, key, v)
+        for step, v in intermediate.items():
+            storage.set_trial_intermediate_value(tid, step, v)
+        storage.set_trial_state_values(tid, state, values)
+    elif not _settle_rows(rdb, upsert, tid, state, values, user_attrs, system, intermediate, fence):
+        return False
+    study._thread_local.cached_all_trials = None
+    study.sampler.after_trial(study, storage.get_trial(tid), state, values)
+    return True
+
+
+def _final(
+    state: TrialState, value: float | None, intermediate: Mapping[int, float]
+) -> tuple[TrialState, list[float] | None]:
+    """The state and values `Study.tell` would store."""
+    if state == TrialState.COMPLETE:
+        return (state, [float(value)]) if value is not None and math.isfinite(value) else (TrialState.FAIL, None)
+    if state == TrialState.PRUNED and intermediate:
+        last = intermediate[max(intermediate)]
+        return state, [float(last)] if math.isfinite(last) else None
+    return state, None
+
+
+def _settle_rows(
+    rdb: RDBStorage,
+    upsert: Any,
+    tid: int,
+    state: TrialState,
+    values: list[float] | None,
+    user_attrs: Mapping[str, Any],
+    system: Mapping[str, Any],
+    intermediate: Mapping[int, float],
+    fence: Fence | None,
+) -> bool:
     trials = models.TrialModel.__table__
     with rdb.engine.begin() as conn:
-        state = conn.execute(select(trials.c.state).where(trials.c.trial_id == tid).with_for_update()).scalar_one()
-        rdb.check_trial_is_updatable(tid, TrialState[state] if isinstance(state, str) else state)
+        if fence is not None:
+            fence.hold(conn, settle=True)
+        now = conn.execute(select(trials.c.state).where(trials.c.trial_id == tid).with_for_update()).scalar_one()
+        now = TrialState[now] if isinstance(now, str) else now
+        if fence is not None and now.is_finished():
+            return False  # settled under this very fence by an attempt whose reply was lost
+        rdb.check_trial_is_updatable(tid, now)
         for model, rows in ((models.TrialUserAttributeModel, user_attrs), (models.TrialSystemAttributeModel, system)):
             if rows:
-                stmt = upsert(model.__table__).values(
-                    [{"trial_id": tid, "key": k, "value_json": json.dumps(v)} for k, v in rows.items()]
-                )
-                conn.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=["trial_id", "key"], set_={"value_json": stmt.excluded.value_json}
-                    )
+                _upsert(
+                    conn,
+                    upsert,
+                    model,
+                    [{"trial_id": tid, "key": k, "value_json": json.dumps(v)} for k, v in rows.items()],
+                    ["trial_id", "key"],
                 )
         if intermediate:
             table = models.TrialIntermediateValueModel
-            values = [
+            rows = [
                 dict(
                     zip(("intermediate_value", "intermediate_value_type"), table.intermediate_value_to_stored_repr(v)),
                     trial_id=tid,
@@ -129,16 +178,25 @@ def record_running_trial(
                 )
                 for step, v in intermediate.items()
             ]
-            stmt = upsert(table.__table__).values(values)
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=["trial_id", "step"],
-                    set_={
-                        "intermediate_value": stmt.excluded.intermediate_value,
-                        "intermediate_value_type": stmt.excluded.intermediate_value_type,
-                    },
-                )
-            )
+            _upsert(conn, upsert, table, rows, ["trial_id", "step"])
+        if values:
+            table = models.TrialValueModel
+            rows = [
+                dict(zip(("value", "value_type"), table.value_to_stored_repr(v)), trial_id=tid, objective=i)
+                for i, v in enumerate(values)
+            ]
+            _upsert(conn, upsert, table, rows, ["trial_id", "objective"])
+        conn.execute(
+            trials.update().where(trials.c.trial_id == tid).values(state=state, datetime_complete=datetime.now())
+        )
+    return True
+
+
+def _upsert(conn: Any, upsert: Any, model: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    """One multi-row INSERT ... ON CONFLICT (keys) DO UPDATE of `model`'s other columns."""
+    stmt = upsert(model.__table__).values(rows)
+    changed = {c: stmt.excluded[c] for c in rows[0] if c not in keys}
+    conn.execute(stmt.on_conflict_do_update(index_elements=keys, set_=changed))
 
 
 def count_by_state(url: str, study: int) -> dict[str, int]:

@@ -28,7 +28,8 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import job as J
-from tuner.study.optuna_adapter import record_running_trial
+from tuner.store.leases import Fence
+from tuner.study.optuna_adapter import settle_trial
 
 CONSTRAINT_KEYS = ("accuracy", "failure", "memory")  # "memory" only in a study with a memory cap
 UNCOUNTED = tuple(sorted(J.outcomes("requeued")))  # FAIL, not counted in the budget, re-queued
@@ -240,26 +241,27 @@ def record(
     attrs: dict[str, Any],
     baseline_value: float | None = None,
     max_memory_mb: float | None = None,
+    fence: Fence | None = None,
 ) -> Judgement:
-    """Write attributes, constraints and intermediate values (one transaction), then tell Optuna how the trial ended.
+    """Write attributes, constraints, intermediate values and how the trial ended, in one transaction.
 
     `baseline_value` is the baseline trial's value (the study-wide baseline latency), when known;
-    `max_memory_mb` the study's memory cap, when it has one.
+    `max_memory_mb` the study's memory cap, when it has one; `fence` the worker's lease on the
+    trial (`tuner.store.leases.LeaseLost` if it was reaped meanwhile: nothing is written).
     """
     j = judge(result, tolerance, statistic, baseline_value, max_memory_mb)
     measured = measured_ms(result, statistic)
     # "feasible": the dashboard shows no constraints
-    record_running_trial(
+    settle_trial(
         study,
         trial,
+        j.state,
+        j.value,
         {**attrs, "feasible": j.feasible, **({"measured_ms": measured} if measured else {})},
         dict(zip(CONSTRAINT_KEYS, j.constraints)),
         intermediate_values(result, baseline_value),
+        fence,
     )
-    if j.state == TrialState.COMPLETE:
-        study.tell(trial, j.value)
-    else:
-        study.tell(trial, state=j.state)
     return j
 
 

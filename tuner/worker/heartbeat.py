@@ -3,7 +3,8 @@
 A thread refreshes the lease every `heartbeat_s` seconds (`tuner.store.leases.Leases.beat`) from the
 moment the trial is reserved until it is told, so every wait a trial makes (for the baseline, for a
 lock, for its child) happens with its lease alive. A missed beat is tried again next period; the
-grace period covers a few.
+grace period covers a few. A beat that finds the lease no longer its own (reaped while this process
+was stopped) stops beating; the trial's writes are then refused by its fence.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ import threading
 from types import TracebackType
 
 from tuner.store.db import OUTAGE, is_db_fault
-from tuner.store.leases import Leases
+from tuner.store.leases import Fence, Leases
 
 log = logging.getLogger("tuner.worker")
 
 
 class Heartbeat:
-    """Beat the lease of trial `trial_id` while the block runs."""
+    """Beat the lease `fence` while the block runs."""
 
-    def __init__(self, leases: Leases, trial_id: int, every_s: float) -> None:
-        self.leases, self.trial_id, self.every_s = leases, trial_id, every_s
+    def __init__(self, leases: Leases, fence: Fence, every_s: float) -> None:
+        self.leases, self.fence, self.every_s = leases, fence, every_s
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"heartbeat-{trial_id}")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"heartbeat-{fence.trial_id}")
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -37,7 +38,7 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._done.wait(self.every_s):
             try:
-                self.leases.beat(self.trial_id)
+                held = self.leases.beat(self.fence)
             except Exception as exc:
                 if is_db_fault(exc):
                     OUTAGE.failed(exc)
@@ -45,3 +46,5 @@ class Heartbeat:
                     log.warning("heartbeat failed: %s", type(exc).__name__)
             else:
                 OUTAGE.recovered()
+                if not held:
+                    return

@@ -29,7 +29,7 @@ from tuner.measure.exclusive import HOST, DeviceLock
 from tuner.measure.inputs import file_hash
 from tuner.store.cache import ResultStore, cache_key, new_run_id
 from tuner.store.db import OUTAGE, STOP, db_retry, is_db_fault, study_lock
-from tuner.store.leases import Leases, Owner
+from tuner.store.leases import Fence, LeaseLost, Leases, Owner
 from tuner.study import optuna_adapter as oa
 from tuner.study import outcome, racing
 from tuner.study.budget import count_trials
@@ -133,16 +133,16 @@ class Worker:
         try:
             while not self.stop.event.is_set():
                 started = time.perf_counter()
-                trial, others_running = self._db(self._reap_and_reserve)
-                if trial is None:
+                trial, fence, others_running = self._db(self._reap_and_reserve)
+                if trial is None or fence is None:
                     if others_running == 0:
                         break
                     self.stop.event.wait(self.spec.run.heartbeat_s)  # others' trials may still be lost and re-queued
                     continue
                 if self.stop.event.is_set():  # stopped while reserving: hand the slot back, run nothing
-                    self._hand_back(trial)
+                    self._hand_back(trial, fence)
                     break
-                self.evaluate_and_tell(trial, started)
+                self.evaluate_and_tell(trial, fence, started)
                 done += 1
                 if self.spec.run.racing and not self.stop.event.is_set():
                     self.racer.race()  # re-measure close leaders before spending more budget
@@ -152,27 +152,24 @@ class Worker:
             log.warning("stopped while the database was unreachable; a trial in flight is reaped by the next run")
         return done
 
-    def _reap_and_reserve(self) -> tuple[optuna.Trial | None, int]:
+    def _reap_and_reserve(self) -> tuple[optuna.Trial | None, Fence | None, int]:
         self.reap()
         return self.reserve()
 
-    def _hand_back(self, trial: optuna.Trial) -> None:
+    def _hand_back(self, trial: optuna.Trial, fence: Fence) -> None:
         """A reserved trial that will not run: interrupted (not counted), its route re-queued."""
-        self._db(
-            lambda: self._tell(trial, J.Result(status=J.INTERRUPTED, message="stopped before it ran; re-queued"), {})
-        )
-        self._db(lambda: self.leases.release(oa.trial_id(trial)))
+        result = J.Result(status=J.INTERRUPTED, message="stopped before it ran; re-queued")
+        self._settle(trial, lambda: self._db(lambda: self._tell(trial, result, {}, fence)))
 
-    def reserve(self) -> tuple[optuna.Trial | None, int]:
-        """Under the study lock: count, and ask only if budget remains. Returns (trial, running)."""
+    def reserve(self) -> tuple[optuna.Trial | None, Fence | None, int]:
+        """Under the study lock: count, and ask only if budget remains. Returns (trial, its lease, running)."""
         with self.cores.shared(), study_lock(self.ctx.url, self.spec.study) as held:  # host first, as in `_tell`
             counts = count_trials(self.ctx.url, self.study_id)
             if counts.exhausted(self.budget):
-                return None, counts.running
+                return None, None, counts.running
             held.check()  # a frozen holder's lock is released by the server: then count again, do not ask
             trial = self.study.ask()
-            self.leases.take(oa.trial_id(trial), self.owner)
-            return trial, counts.running
+            return trial, self.leases.take(oa.trial_id(trial), self.owner), counts.running
 
     def reap(self) -> list[int]:
         """Fail and re-queue RUNNING trials whose owner is gone. Returns the reaped trial numbers."""
@@ -187,14 +184,16 @@ class Worker:
         with study_lock(self.ctx.url, self.spec.study):
             for trial_id in lost:
                 frozen = storage.get_trial(trial_id)
-                if frozen.state != TrialState.RUNNING or not self.leases.claim_reap(trial_id, self.spec.run.grace_s):
+                if frozen.state != TrialState.RUNNING:
+                    continue
+                fence = self.leases.claim_reap(trial_id, self.spec.run.grace_s)  # from now on its owner writes nothing
+                if fence is None:
                     continue
                 # Re-queued first, then failed: a fault between the two leaves a RUNNING trial with its re-queue,
                 # which the next reap finishes (the re-queue is idempotent on retry_of), never a lost re-queue.
                 self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"))
-                storage.set_trial_user_attr(trial_id, "failure_class", J.LOST)
-                storage.set_trial_user_attr(trial_id, "message", "its worker stopped heart-beating; re-queued")
-                storage.set_trial_state_values(trial_id, TrialState.FAIL)
+                attrs = {"failure_class": J.LOST, "message": "its worker stopped heart-beating; re-queued"}
+                oa.settle_trial(self.study, frozen, TrialState.FAIL, None, attrs, fence=fence)
                 reaped.append(frozen.number)
                 log.warning("trial %d lost its worker; re-queued", frozen.number)
         return reaped
@@ -212,22 +211,31 @@ class Worker:
 
     # -- one trial ----------------------------------------------------------------------------
 
-    def evaluate_and_tell(self, trial: optuna.Trial, started: float) -> None:
-        """Suggest the route, evaluate it (cache or child), record the outcome, release the lease.
+    def evaluate_and_tell(self, trial: optuna.Trial, fence: Fence, started: float) -> None:
+        """Suggest the route, evaluate it (cache or child), record the outcome (which ends the lease).
 
         `started` is when this worker began reserving the trial; the time not spent inside the
         child's build/check/time phases is recorded as the tuner's own overhead (`overhead_s`).
         """
-        with Heartbeat(self.leases, oa.trial_id(trial), self.spec.run.heartbeat_s):
+        self._settle(trial, lambda: self._evaluate_and_tell(trial, fence, started))
+
+    def _evaluate_and_tell(self, trial: optuna.Trial, fence: Fence, started: float) -> None:
+        with Heartbeat(self.leases, fence, self.spec.run.heartbeat_s):
             route = self._db(lambda: self._on_cores(lambda: self.ctx.space.suggest(trial)))  # sampling reads the study
-            result, extra = self.evaluate(trial.number, route)
+            result, extra = self.evaluate(trial.number, route, fence)
         if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT, J.ENVIRONMENT_ERROR):
             result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
         wall = time.perf_counter() - started
         extra.update(trial_wall_s=round(wall, 4), overhead_s=round(wall - sum(result.phase_s.values()), 4))
-        self._db(lambda: self._on_cores(lambda: self._tell(trial, result, extra)))
-        self._db(lambda: self.leases.release(oa.trial_id(trial)))
+        self._db(lambda: self._on_cores(lambda: self._tell(trial, result, extra, fence)))
         self._pace(result)
+
+    def _settle(self, trial: optuna.Trial, work: Callable[[], None]) -> None:
+        """Run `work`, which writes trial `trial`'s result under its lease; a lease reaped meanwhile discards it."""
+        try:
+            work()
+        except LeaseLost:
+            log.warning("trial %d was reaped while this worker was stopped; its late result is discarded", trial.number)
 
     def _on_cores(self, fn: Callable[[], T]) -> T:
         """`fn()` holding the host lock shared (sampling and recording use the cores); retried by `_db` outside."""
@@ -254,11 +262,13 @@ class Worker:
             )
         self.stop.event.wait(pause)
 
-    def _tell(self, trial: optuna.Trial, result: J.Result, extra: dict[str, Any]) -> None:
-        """Record the outcome; an uncounted one re-queues the route first (both steps safe to repeat)."""
+    def _tell(self, trial: optuna.Trial, result: J.Result, extra: dict[str, Any], fence: Fence) -> None:
+        """Record the outcome under the lease `fence`; an uncounted one re-queues the route first (both safe to repeat).
+
+        An attempt committed before the connection dropped is not written again; a lease reaped meanwhile
+        raises `LeaseLost` (the reaper re-queued the route).
+        """
         frozen = oa.storage_of(self.study).get_trial(oa.trial_id(trial))
-        if frozen.state.is_finished():
-            return  # an earlier attempt was committed before the connection dropped
         env_requeues = int(frozen.user_attrs.get("env_requeues", 0)) + 1 if result.status == J.ENVIRONMENT_ERROR else 0
         if env_requeues > ENV_REQUEUES:
             log.warning(
@@ -282,11 +292,15 @@ class Worker:
             attrs,
             base.value if base is not None else None,
             self.spec.objective.max_memory_mb,
+            fence,
         )
         update_note(self.study)  # never raises: the dashboard's study note states the best feasible trial
 
-    def evaluate(self, number: int, route: dict[str, Any]) -> tuple[J.Result, dict[str, Any]]:
-        """The result for `route`: known-invalid, from the cache, or built and measured in a child."""
+    def evaluate(self, number: int, route: dict[str, Any], fence: Fence) -> tuple[J.Result, dict[str, Any]]:
+        """The result for `route`: known-invalid, from the cache, or built and measured in a child.
+
+        What the child found is stored (cache and measurement rows) only while the lease `fence` holds.
+        """
         spec = self.spec
         key = cache_key(
             model_sha=self.ctx.model_sha,
@@ -314,7 +328,7 @@ class Worker:
         else:
             result = self._run_child(number, route)
             if result.status in J.DETERMINISTIC and not self.stop.event.is_set():
-                self._store(key, number, route, result)
+                self._store(key, number, route, result, fence)
         if result.status in outcome.FAILURES:  # what failed: a product the child just learned, else this route
             extra["failure_key"] = (self._learned_failure(route) or (key[:16],))[0]
         return result, extra
@@ -409,10 +423,11 @@ class Worker:
                     raise  # retried by the caller once the database is back
                 log.warning("could not store the trial log: %s", exc)
 
-    def _store(self, key: str, number: int, route: dict[str, Any], result: J.Result) -> None:
+    def _store(self, key: str, number: int, route: dict[str, Any], result: J.Result, fence: Fence) -> None:
         value = result.latency.get(self.spec.objective.statistic) if result.latency else None
         self.results.save(
             key,
+            fence,
             backend=self.ctx.backend.name,
             backend_version=self.ctx.backend.version(),
             environment_id=self.env_id,
@@ -435,6 +450,7 @@ class Worker:
                 {**(result.latency or {}), **measurement_stats(result)},
                 result.samples_ms,
                 result.timing_info,
+                fence,
             )
 
 
