@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -33,9 +33,13 @@ from tuner.errors import Interrupted, Unavailable
 from tuner.events import CONFIRMING, DONE, TRIALS, PhaseEvent, TrialWatcher
 from tuner.spec import Spec, load_spec, make_storage_dir, resolve_storage, spec_from_doc
 from tuner.spec.toml import dumps
+from tuner.store.db import STOP, is_db_fault
 from tuner.store.urls import mask_url
 from tuner.study.documents import best_document, status_document, trial_documents, verdict_document
 from tuner.study.setup import Context
+
+if TYPE_CHECKING:
+    from tuner.worker.pool import Pool
 
 __all__ = ["Callback", "Study"]
 
@@ -153,11 +157,16 @@ class Study:
                         pool.stop()
                         break
             except KeyboardInterrupt:
+                _exit_on_second_signal(pool)
                 pool.stop()
                 raise Interrupted("stopped: the trials in flight were re-queued; run again to resume") from None
             finally:
                 codes = pool.wait()
-                _each(emit, _poll(watcher))
+                try:
+                    _each(emit, _poll(watcher))
+                except Exception as exc:  # after a stop the database may not answer (a frozen server)
+                    if not (STOP.is_set() and is_db_fault(exc)):
+                        raise
         if any(codes) and not timed_out:
             raise Unavailable(f"{sum(1 for c in codes if c)} worker(s) exited with an error (statuses {codes})")
         if confirm and not timed_out:
@@ -287,13 +296,29 @@ def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt here, as Ctrl-C does (a container stop stops the run cleanly)."""
 
     def interrupt(signum: int, frame: Any) -> None:
+        STOP.set()  # this process's database waits end soon too, even those of the clean-up (a frozen server)
         raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set a signal handler
         return
     previous = signal.signal(signal.SIGTERM, interrupt)
+    previous_int = signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def _exit_on_second_signal(pool: Pool) -> None:
+    """From now on a SIGTERM or Ctrl-C tells the workers again (a second signal ends them at once) and exits."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def now(signum: int, frame: Any) -> None:
+        pool.stop()
+        os._exit(130)
+
+    signal.signal(signal.SIGTERM, now)
+    signal.signal(signal.SIGINT, now)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated, Any
 
 import typer
@@ -22,6 +21,7 @@ from tuner.cli.common import (
 )
 from tuner.cli.progress import LOG_FORMATS, TEXT, Progress
 from tuner.errors import Interrupted, TunerError
+from tuner.store.db import is_db_fault
 from tuner.study.verdict import SPEEDUP
 
 
@@ -87,8 +87,14 @@ def run(
             )
     except Interrupted:
         if not as_json:
-            with contextlib.suppress(TunerError):
+            try:
                 _print_verdict(chosen.status())
+            except TunerError:
+                pass
+            except Exception as exc:  # a frozen or unreachable database: one line, not a traceback
+                if not is_db_fault(exc):
+                    raise
+                err_console.print("the database did not answer; `tuner status` shows the study once it does")
         raise
     if as_json:
         emit_json(doc)

@@ -80,7 +80,54 @@ class Outage:
 
 
 OUTAGE = Outage()
-STOP = threading.Event()  # set by a worker's stop handler: waiting for the database ends, the last error is raised
+
+
+class StopEvent(threading.Event):
+    """A process's stop, remembering when it was first set (a database wait may go on a little after it)."""
+
+    at: float | None = None
+
+    def set(self) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        super().set()
+
+
+STOP = StopEvent()  # set by a stop handler: waiting for the database ends, the last error is raised
+STOP_GRACE_S = 5.0  # after a stop, how long a database wait may still take (a frozen server never answers)
+WAIT_TICK_S = 0.5  # how often a waiting connection looks at STOP
+
+
+def wait_stoppable(conn: Any) -> None:
+    """psycopg2's wait callback: libpq waits in `select`, so signal handlers run meanwhile (as in
+    `psycopg2.extras.wait_select`), and a wait gives up `STOP_GRACE_S` after `STOP` (an `OperationalError`).
+
+    Unlike `wait_select` it sends no cancel request on Ctrl-C: cancelling opens a new connection to
+    the server and waits for its answer, which a frozen server never gives. The interrupt propagates.
+    """
+    import select
+
+    import psycopg2
+    from psycopg2.extensions import POLL_OK, POLL_READ, POLL_WRITE
+
+    while True:
+        state = conn.poll()
+        if state == POLL_OK:
+            return
+        if state not in (POLL_READ, POLL_WRITE):
+            raise psycopg2.OperationalError(f"bad state from poll: {state}")
+        fd = [conn.fileno()]
+        select.select(fd if state == POLL_READ else [], fd if state == POLL_WRITE else [], [], WAIT_TICK_S)
+        if STOP.at is not None and time.monotonic() - STOP.at > STOP_GRACE_S:
+            raise psycopg2.OperationalError("stopped while waiting for the database")
+
+
+@cache
+def _wait_in_python() -> None:
+    """Install `wait_stoppable` for every psycopg2 connection of this process (once)."""
+    import psycopg2.extensions
+
+    psycopg2.extensions.set_wait_callback(wait_stoppable)
 
 
 class _Retrying(Retrying):
@@ -175,6 +222,8 @@ class PgTimeouts:
         }
         return {
             "connect_timeout": 10,
+            # Unacknowledged data for longer than the keepalives take to give up: the connection is dead.
+            "tcp_user_timeout": 1000 * (self.keepalive_idle_s + self.keepalive_interval_s * self.keepalive_count),
             "keepalives": 1,
             "keepalives_idle": self.keepalive_idle_s,
             "keepalives_interval": self.keepalive_interval_s,
@@ -191,6 +240,7 @@ def engine_kwargs(url: str) -> dict:
     """Engine options for our tables and Optuna's: pre-ping, recycling, bounded waits; SQLite waits for locks."""
     if make_url(url).get_backend_name() == "sqlite":
         return {"connect_args": {"timeout": 120}}
+    _wait_in_python()  # signals are handled while libpq waits, and a stop ends the wait
     return {
         "pool_pre_ping": True,
         "pool_recycle": 300,

@@ -60,9 +60,12 @@ class Stop:
     child: ChildHandle = field(default_factory=ChildHandle)
 
     def install(self) -> None:
-        """Convert SIGTERM and SIGINT into a clean stop that kills the running child."""
+        """Convert SIGTERM and SIGINT into a clean stop that kills the running child; a second one exits at once
+        (the trial in flight, if any, is left to be reaped: its owner is a dead process on this host)."""
 
         def handler(signum: int, frame: Any) -> None:  # takes no lock: it may interrupt the main thread anywhere
+            if self.event.is_set():
+                os._exit(128 + signum)
             self.event.set()
             self.child.kill()
 
