@@ -329,3 +329,125 @@ def test_a_reap_between_the_owners_check_and_its_write_fences_the_owner_out(faul
     assert oa.settle_trial(worker.study, trial, TrialState.FAIL, None, {"failure_class": J.LOST}, fence=again)
     assert not oa.settle_trial(worker.study, trial, TrialState.FAIL, None, {}, fence=again)  # repeated: nothing
     assert oa.trial_by_number(worker.study, trial.number).state == TrialState.FAIL
+
+
+# -- bounded attempts and a deadline --------------------------------------------------------------
+
+
+def _worker(write_spec: SpecWriter, pg_url: str, budget: int = 10, **run: object):  # noqa: ANN202
+    from tuner.study.setup import prepare
+    from tuner.worker.loop import Worker
+
+    ctx = Context(load_spec(write_spec(**{f"run.{k}": v for k, v in run.items()})), normalize_url(pg_url))
+    prepare(ctx)
+    return Worker(ctx, budget=budget)
+
+
+def _ask_retry_of(worker, number: int):  # noqa: ANN001, ANN202
+    """Ask until the retry of trial `number` comes up (trials asked before it are left running, unexpired)."""
+    for _ in range(20):
+        trial = worker.study.ask()
+        if trial.user_attrs.get("retry_of") == number:
+            return trial
+    raise AssertionError(f"no retry of trial {number} was queued")
+
+
+def test_a_route_lost_in_max_attempts_runs_is_failed_once_and_counted(
+    write_spec: SpecWriter, pg_url: str, caplog
+) -> None:  # noqa: ANN001
+    from tuner.store.leases import Owner
+    from tuner.study import optuna_adapter as oa
+    from tuner.study.budget import count_trials
+
+    worker = _worker(write_spec, pg_url, max_attempts=2, grace_s=60.0)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    first = worker.study.ask()  # the baseline, whose worker then dies
+    worker.leases.take(oa.trial_id(first), Owner("w9-gone", pid=gone.pid))
+    assert worker.reap() == [first.number]
+    again = _ask_retry_of(worker, first.number)
+    assert again.user_attrs["attempt"] == 2 and again.user_attrs["source"] == "baseline"
+    worker.leases.take(oa.trial_id(again), Owner("w9-gone", pid=gone.pid))
+    before = count_trials(worker.ctx.url, worker.study_id).counted
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tuner.worker"):
+        assert worker.reap() == [again.number]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"trial {again.number}: its route was lost in 2 runs (run.max_attempts); failed"
+    ]
+    given_up = oa.trial_by_number(worker.study, again.number)
+    assert given_up.state == TrialState.PRUNED and given_up.user_attrs["failure_class"] == J.GIVEN_UP
+    assert "in 2 of 2 runs" in given_up.user_attrs["message"]
+    assert count_trials(worker.ctx.url, worker.study_id).counted == before  # RUNNING before, counted now: same
+    assert not [t for t in worker.study.get_trials() if t.user_attrs.get("retry_of") == again.number]
+    assert worker.reap() == []  # failed once
+
+
+def test_a_trial_past_its_deadline_is_reaped_whatever_its_heartbeat_says(write_spec: SpecWriter, pg_url: str) -> None:
+    from sqlalchemy import text
+
+    from tuner.study import optuna_adapter as oa
+
+    worker = _worker(write_spec, pg_url, grace_s=60.0, trial_timeout_s=30.0)
+    trial = worker.study.ask()
+    fence = worker.leases.take(oa.trial_id(trial), worker.owner)  # a live owner on this host, beating
+    assert worker.leases.beat(fence) and worker.reap() == []
+    with get_engine(worker.ctx.url).begin() as conn:  # it began longer ago than its deadline (database clock)
+        conn.execute(
+            text("UPDATE tuner_leases SET started_at = started_at - :s WHERE trial_id = :t"),
+            {"s": worker.spec.run.deadline_s + 1, "t": oa.trial_id(trial)},
+        )
+    assert worker.leases.beat(fence)  # its heartbeat thread still beats ...
+    assert worker.reap() == [trial.number]  # ... and it is reaped all the same
+    reaped = oa.trial_by_number(worker.study, trial.number)
+    assert reaped.user_attrs["failure_class"] == J.LOST and "deadline (300 s)" in reaped.user_attrs["message"]
+    assert worker.spec.run.deadline_s == 30.0 * 8 + 60.0
+
+
+# -- the budget at its edge -------------------------------------------------------------------------
+
+
+def test_workers_racing_at_the_budget_edge_never_exceed_it(write_spec: SpecWriter, pg_url: str, monkeypatch) -> None:  # noqa: ANN001
+    import contextlib
+    import threading
+
+    from tuner.store.db import study_lock
+    from tuner.study.budget import count_trials
+    from tuner.worker import loop
+
+    workers = [_worker(write_spec, pg_url, budget=1, grace_s=60.0) for _ in range(3)]
+
+    class Lapsed:  # the study lock's session was ended by the server: every worker "holds" it at once
+        def check(self) -> None:
+            pass
+
+    monkeypatch.setattr(loop, "study_lock", lambda url, study: contextlib.nullcontext(Lapsed()))
+    barrier, first = threading.Barrier(len(workers)), threading.local()
+    real = loop.count_trials
+
+    def counted_together(url: str, study_id: int):  # noqa: ANN202
+        counts = real(url, study_id)
+        if not getattr(first, "done", False):  # every worker has counted before any of them asks
+            first.done = True
+            barrier.wait()
+        return counts
+
+    monkeypatch.setattr(loop, "count_trials", counted_together)
+    got: list = []
+    threads = [threading.Thread(target=lambda w=w: got.append(w.reserve())) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    study_id = workers[0].study_id
+    assert count_trials(workers[0].ctx.url, study_id).counted <= 1  # never over, whoever asked
+    handed = [t for t in workers[0].study.get_trials() if "past the budget" in t.user_attrs.get("message", "")]
+    assert all(t.user_attrs["failure_class"] == J.INTERRUPTED for t in handed)
+    running = [r for r in got if r[0] is not None]
+    assert len(running) + len(handed) == len(workers) and len(running) <= 1
+    monkeypatch.setattr(loop, "study_lock", study_lock)  # the lock is back
+    monkeypatch.setattr(loop, "count_trials", real)
+    if not running:  # all of them handed back: the next round, under the lock, one asks
+        assert workers[0].reserve()[0] is not None
+    assert count_trials(workers[0].ctx.url, study_id).counted == 1
+    assert workers[1].reserve()[0] is None  # the budget is spent

@@ -71,7 +71,10 @@ KNOWN_FAILURE = outcome(
     "needs a product (variant, prepared model) that already failed to build; no child ran, no budget used",
 )
 INTERRUPTED = outcome("interrupted", "the run was stopped (Ctrl-C, SIGTERM) while the trial ran", "requeued")
-LOST = outcome("lost", "the trial's worker vanished; a live worker reaped it", "requeued")
+LOST = outcome("lost", "the trial's worker vanished or it ran past its deadline; a live worker reaped it", "requeued")
+GIVEN_UP = outcome(
+    "given-up", "the route was lost in `[run] max_attempts` runs (default 3); failed once, counted, not re-queued"
+)
 ENVIRONMENT_ERROR = outcome(
     "environment-error",
     "the machine, not the route: disk full, out of memory (SIGKILL), device busy; "

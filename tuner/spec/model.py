@@ -72,6 +72,7 @@ class BackendSpec:
 
 
 DEFAULT_STARTUP_TRIALS = 4  # TPE's random start-up trials (chosen by the delivered-route benchmark)
+DEADLINE_TIMEOUTS = 8  # trial timeouts in a trial's deadline: 1 baseline wait + 3 child runs x (run + lock waits) + 1
 DEFAULT_SAMPLER = "local"  # chosen by the delivered-route benchmark (docs/search-efficiency.md)
 
 
@@ -84,6 +85,7 @@ class RunSpec:
     trial_timeout_s: float = 600.0
     heartbeat_s: float = 5.0
     grace_s: float = 60.0
+    max_attempts: int = 3  # runs of a route that end `lost` before it is failed (`given-up`, counted)
     sampler: str = DEFAULT_SAMPLER
     seed: int = 0
     startup_trials: int = DEFAULT_STARTUP_TRIALS  # chosen in docs/search-efficiency.md
@@ -93,6 +95,13 @@ class RunSpec:
     max_disk_mb: float | None = None  # `tuner run` collects garbage when the work dir grows past this
     mix_devices: bool = False  # workers on other hardware than the study's first may join (timings then mix devices)
     timeout_s: float | None = None  # wall-clock cap of one `tuner run`: then the trials in flight are re-queued
+
+    @property
+    def deadline_s(self) -> float:
+        """A trial's wall-clock deadline from its lease (database clock): any live worker reaps it after that,
+        whatever its heartbeat says. It covers the longest legitimate trial: the wait for the baseline, then
+        three runs of the child (environment errors), each with its bounded lock waits (`DEADLINE_TIMEOUTS`)."""
+        return self.trial_timeout_s * DEADLINE_TIMEOUTS + self.grace_s
 
 
 @dataclass(frozen=True)

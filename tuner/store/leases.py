@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, func, select, update
 from sqlalchemy.orm import Session
 
 from tuner.store.db import db_epoch, get_engine, retried
@@ -100,12 +100,14 @@ class Leases:
     def take(self, trial_id: int, owner: Owner) -> Fence:
         """Start a lease on a trial that was just asked for (replacing an ownerless one, at the next epoch)."""
         with Session(self.engine) as s, s.begin():
+            now = db_epoch(s)
             values = {
                 "study": self.study,
                 "worker": owner.worker,
                 "host": owner.host,
                 "pid": owner.pid,
-                "heartbeat_at": db_epoch(s),
+                "heartbeat_at": now,
+                "started_at": now,
                 "state": "running",
             }
             s.execute(
@@ -127,11 +129,15 @@ class Leases:
             return done.rowcount == 1
 
     @retried
-    def expired(self, running_trial_ids: list[int], grace_s: float, trust_heartbeats: bool = True) -> list[int]:
+    def expired(
+        self, running_trial_ids: list[int], grace_s: float, deadline_s: float = math.inf, trust_heartbeats: bool = True
+    ) -> list[int]:
         """Which of the RUNNING trials have lost their owner (to be confirmed by `claim_reap`).
 
         A lease is expired when its heartbeat is older than `grace_s` by the database clock, or its
-        owner is a dead process on this host. A RUNNING trial with no lease gets an ownerless one
+        owner is a dead process on this host, or it began more than `deadline_s` ago (a trial's
+        wall-clock deadline, whatever its heartbeat says: a worker whose thread beats while the trial
+        is stuck). A RUNNING trial with no lease gets an ownerless one
         stamped now (database clock), so it expires `grace_s` after it was first seen. A RUNNING
         trial whose lease is already reaped lost its reaper midway (it died holding the study lock).
         With `trust_heartbeats` off (just after a database outage, when every heartbeat is stale)
@@ -153,24 +159,31 @@ class Leases:
                             host=UNOWNED,
                             pid=0,
                             heartbeat_at=now,
+                            started_at=now,
                             state="running",
                         )
                         .on_conflict_do_nothing(index_elements=["trial_id"])
                     )
-            return [tid for tid, lease in rows.items() if _lost(lease, now, grace_s if trust_heartbeats else math.inf)]
+            if not trust_heartbeats:
+                grace_s = deadline_s = math.inf
+            return [tid for tid, lease in rows.items() if _lost(lease, now, grace_s, deadline_s)]
 
     @retried
-    def claim_reap(self, trial_id: int, grace_s: float) -> Fence | None:
+    def claim_reap(self, trial_id: int, grace_s: float, deadline_s: float = math.inf) -> Fence | None:
         """Mark a lost lease reaped at the next epoch, in one conditional UPDATE; None if its owner turned out alive.
 
         Claimed only if the lease is still running and, at this moment by the database clock, its
-        heartbeat is older than `grace_s` or its owner is a dead process on this host (or it was
-        reaped by a reaper that died before failing the trial). Call under the study lock, after
-        checking that the trial is still RUNNING, before failing it with the returned fence: from now on
-        the owner's writes are refused, and so are those of an earlier reaper of the same lease.
+        heartbeat is older than `grace_s`, or it began more than `deadline_s` ago, or its owner is a
+        dead process on this host (or it was reaped by a reaper that died before failing the trial).
+        Call under the study lock, after checking that the trial is still RUNNING, before failing it
+        with the returned fence: from now on the owner's writes are refused, and so are those of an
+        earlier reaper of the same lease.
         """
         with Session(self.engine) as s, s.begin():
-            stale = Lease.heartbeat_at < db_epoch(s) - grace_s
+            now = db_epoch(s)
+            stale = (Lease.heartbeat_at < now - grace_s) | (
+                func.coalesce(Lease.started_at, Lease.heartbeat_at) < now - deadline_s
+            )
             lease = s.get(Lease, trial_id)
             if lease is not None and _dead_here(lease):
                 stale = stale | ((Lease.host == lease.host) & (Lease.pid == lease.pid))
@@ -197,10 +210,13 @@ def _insert(session: Session) -> Any:
     return insert(Lease)
 
 
-def _lost(lease: Lease, now: float, grace_s: float) -> bool:
+def _lost(lease: Lease, now: float, grace_s: float, deadline_s: float) -> bool:
     if lease.state == "reaped":
         return True
-    return lease.state == "running" and (now - lease.heartbeat_at > grace_s or _dead_here(lease))
+    started = lease.heartbeat_at if lease.started_at is None else lease.started_at
+    return lease.state == "running" and (
+        now - lease.heartbeat_at > grace_s or now - started > deadline_s or _dead_here(lease)
+    )
 
 
 def _dead_here(lease: Lease) -> bool:

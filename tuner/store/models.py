@@ -85,6 +85,8 @@ class Lease(Base):
     state: Mapped[str] = mapped_column(String(16))  # running | done | reaped
     # Incremented by every reap and re-lease: a write that settles the trial checks it (`tuner.store.leases.Fence`).
     epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # When the lease began (database clock): a trial past its deadline is reaped whatever its heartbeat says.
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class StudyRecord(Base):

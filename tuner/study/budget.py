@@ -38,6 +38,10 @@ class Counts:
         """Whether no budget is left; known failures beyond the first `budget` of them count too."""
         return self.counted + max(0, self.known_failures - budget) >= budget
 
+    def over(self, budget: int) -> bool:
+        """Whether more than `budget` trials count (seen after an `ask`: that trial must not run)."""
+        return self.counted + max(0, self.known_failures - budget) > budget
+
     @property
     def finished(self) -> int:
         """Trials that finished and count."""

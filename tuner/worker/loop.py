@@ -159,28 +159,42 @@ class Worker:
         self.reap()
         return self.reserve()
 
-    def _hand_back(self, trial: optuna.Trial, fence: Fence) -> None:
+    def _hand_back(self, trial: optuna.Trial, fence: Fence, why: str = "stopped before it ran") -> None:
         """A reserved trial that will not run: interrupted (not counted), its route re-queued."""
-        result = J.Result(status=J.INTERRUPTED, message="stopped before it ran; re-queued")
+        result = J.Result(status=J.INTERRUPTED, message=f"{why}; re-queued")
         self._settle(trial, lambda: self._db(lambda: self._tell(trial, result, {}, fence)))
 
     def reserve(self) -> tuple[optuna.Trial | None, Fence | None, int]:
-        """Under the study lock: count, and ask only if budget remains. Returns (trial, its lease, running)."""
+        """Under the study lock: count, and ask only if budget remains. Returns (trial, its lease, running).
+
+        The count is taken again after `ask`: if the lock lapsed meanwhile (its session ended by the
+        server) and another worker asked too, the budget would be exceeded, so the trial is handed back
+        unrun (`interrupted`, not counted) and the worker counts again next round.
+        """
         with self.cores.shared(), study_lock(self.ctx.url, self.spec.study) as held:  # host first, as in `_tell`
             counts = count_trials(self.ctx.url, self.study_id)
             if counts.exhausted(self.budget):
                 return None, None, counts.running
             held.check()  # a frozen holder's lock is released by the server: then count again, do not ask
             trial = self.study.ask()
-            return trial, self.leases.take(oa.trial_id(trial), self.owner), counts.running
+            fence = self.leases.take(oa.trial_id(trial), self.owner)
+            over = count_trials(self.ctx.url, self.study_id).over(self.budget)
+        if over:
+            self._hand_back(trial, fence, "asked for past the budget (another worker took the last slot)")
+            return None, None, counts.running + 1
+        return trial, fence, counts.running
 
     def reap(self) -> list[int]:
-        """Fail and re-queue RUNNING trials whose owner is gone. Returns the reaped trial numbers."""
+        """Fail and re-queue RUNNING trials whose owner is gone or whose deadline passed. Returns their numbers.
+
+        A route lost in `run.max_attempts` runs is failed instead (`given-up`, counted), once.
+        """
+        run = self.spec.run
         storage = oa.storage_of(self.study)
         running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         # Right after an outage every heartbeat is stale: trust only dead PIDs until live workers have beaten again.
-        trust = not OUTAGE.recent(self.spec.run.grace_s)
-        lost = self.leases.expired([oa.trial_id(t) for t in running], self.spec.run.grace_s, trust_heartbeats=trust)
+        trust = not OUTAGE.recent(run.grace_s)
+        lost = self.leases.expired([oa.trial_id(t) for t in running], run.grace_s, run.deadline_s, trust)
         reaped = []
         if not lost:
             return reaped
@@ -189,27 +203,48 @@ class Worker:
                 frozen = storage.get_trial(trial_id)
                 if frozen.state != TrialState.RUNNING:
                     continue
-                fence = self.leases.claim_reap(trial_id, self.spec.run.grace_s)  # from now on its owner writes nothing
+                fence = self.leases.claim_reap(trial_id, run.grace_s, run.deadline_s)  # its owner now writes nothing
                 if fence is None:
                     continue
-                # Re-queued first, then failed: a fault between the two leaves a RUNNING trial with its re-queue,
-                # which the next reap finishes (the re-queue is idempotent on retry_of), never a lost re-queue.
-                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"))
-                attrs = {"failure_class": J.LOST, "message": "its worker stopped heart-beating; re-queued"}
-                oa.settle_trial(self.study, frozen, TrialState.FAIL, None, attrs, fence=fence)
+                self._fail_lost(frozen, fence)
                 reaped.append(frozen.number)
-                log.warning("trial %d lost its worker; re-queued", frozen.number)
         return reaped
 
-    def _requeue(self, params: dict[str, Any], number: int, source: str | None, env_requeues: int = 0) -> None:
-        """Enqueue trial `number`'s route again unless it already was (idempotent on `retry_of`); study lock held."""
+    def _fail_lost(self, frozen: optuna.trial.FrozenTrial, fence: Fence) -> None:
+        """A reaped trial: `lost` and its route re-queued, or `given-up` (counted) after `run.max_attempts` runs.
+
+        Re-queued first, then failed: a fault between the two leaves a RUNNING trial with its re-queue,
+        which the next reap finishes (the re-queue is idempotent on retry_of), never a lost re-queue.
+        """
+        attempt, most = _attempt(frozen), self.spec.run.max_attempts
+        why = f"its worker stopped heart-beating or it ran past its deadline ({self.spec.run.deadline_s:g} s)"
+        if attempt >= most:
+            result = J.Result(status=J.GIVEN_UP, message=f"{why}, in {attempt} of {most} runs; failed, not re-queued")
+            log.warning("trial %d: its route was lost in %d runs (run.max_attempts); failed", frozen.number, attempt)
+        else:
+            self._requeue(frozen, attempt + 1)
+            result = J.Result(status=J.LOST, message=f"{why}; re-queued")
+            log.warning("trial %d lost its worker; re-queued", frozen.number)
+        attrs = outcome.user_attrs(result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {})
+        outcome.record(
+            self.study, frozen, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs, fence=fence
+        )
+
+    def _requeue(self, frozen: optuna.trial.FrozenTrial, attempt: int, env_requeues: int = 0) -> None:
+        """Enqueue `frozen`'s route as its run `attempt` unless it already was (idempotent on `retry_of`).
+
+        Call with the study lock held.
+        """
+        params = _route_of(frozen)
         if not params:
             return  # it never sampled a route: the sampler proposes afresh
-        attrs: dict[str, Any] = {"retry_of": number}
+        attrs: dict[str, Any] = {"retry_of": frozen.number}
+        if attempt > 1:
+            attrs["attempt"] = attempt
         if env_requeues:
             attrs["env_requeues"] = env_requeues
-        if source:
-            attrs["source"] = source
+        if frozen.user_attrs.get("source"):
+            attrs["source"] = frozen.user_attrs["source"]
         oa.enqueue_retry(self.study, params, attrs)  # idempotent: an earlier attempt may have enqueued it
 
     # -- one trial ----------------------------------------------------------------------------
@@ -281,7 +316,7 @@ class Worker:
             )
         elif result.status in (J.INTERRUPTED, J.ENVIRONMENT_ERROR):
             with study_lock(self.ctx.url, self.spec.study):
-                self._requeue(_route_of(frozen), frozen.number, frozen.user_attrs.get("source"), env_requeues)
+                self._requeue(frozen, _attempt(frozen), env_requeues)  # not the route's doing: the same attempt
         attrs = outcome.user_attrs(
             result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name}
         )
@@ -455,6 +490,11 @@ class Worker:
                 result.timing_info,
                 fence,
             )
+
+
+def _attempt(trial: optuna.trial.FrozenTrial) -> int:
+    """Which run of its route a trial is, counting the runs that ended `lost` (1 for the first)."""
+    return int(trial.user_attrs.get("attempt", 1))
 
 
 def _route_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
