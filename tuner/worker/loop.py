@@ -60,12 +60,18 @@ class Stop:
     child: ChildHandle = field(default_factory=ChildHandle)
 
     def install(self) -> None:
-        """Convert SIGTERM and SIGINT into a clean stop that kills the running child; a second one exits at once
-        (the trial in flight, if any, is left to be reaped: its owner is a dead process on this host)."""
+        """Convert SIGTERM and SIGINT into a clean stop that kills the running child; the same signal again exits at
+        once (the trial in flight, if any, is left to be reaped: its owner is a dead process on this host).
+
+        Only the same signal: one Ctrl-C reaches a worker twice, as the terminal's SIGINT and as its
+        `tuner run`'s SIGTERM, and must still stop it cleanly.
+        """
+        seen: set[int] = set()
 
         def handler(signum: int, frame: Any) -> None:  # takes no lock: it may interrupt the main thread anywhere
-            if self.event.is_set():
+            if signum in seen:
                 os._exit(128 + signum)
+            seen.add(signum)
             self.event.set()
             self.child.kill()
 
