@@ -20,7 +20,7 @@ from tuner.cli.common import (
     study,
 )
 from tuner.cli.progress import LOG_FORMATS, TEXT, Progress
-from tuner.errors import Interrupted, TunerError
+from tuner.errors import Interrupted, TunerError, Unavailable
 from tuner.store.db import is_db_fault
 from tuner.study.verdict import SPEEDUP
 
@@ -87,14 +87,7 @@ def run(
             )
     except Interrupted:
         if not as_json:
-            try:
-                _print_verdict(chosen.status())
-            except TunerError:
-                pass
-            except Exception as exc:  # a frozen or unreachable database: one line, not a traceback
-                if not is_db_fault(exc):
-                    raise
-                err_console.print("the database did not answer; `tuner status` shows the study once it does")
+            _print_verdict_if_reachable(chosen)
         raise
     if as_json:
         emit_json(doc)
@@ -102,6 +95,19 @@ def run(
         _print_verdict(doc)
     if fail_if_no_speedup and doc["verdict"] != SPEEDUP:
         raise typer.Exit(NO_SPEEDUP_EXIT)
+
+
+def _print_verdict_if_reachable(chosen: Any) -> None:
+    """The verdict of `chosen` (a tuner.Study) after a stop, unless the database does not answer (a frozen
+    server: one line says so)."""
+    try:
+        _print_verdict(chosen.status())
+    except Exception as exc:
+        if not (isinstance(exc, Unavailable) or is_db_fault(exc)):
+            if isinstance(exc, TunerError):
+                return  # nothing to show yet
+            raise
+        err_console.print("the database did not answer; `tuner status` shows the study once it does")
 
 
 def _print_verdict(doc: dict[str, Any]) -> None:
