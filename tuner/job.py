@@ -134,6 +134,9 @@ class Job:
     # Fork the child from a server that has imported these modules (`Backend.fork_safe`, tuner.worker.forkserver);
     # None: a fresh interpreter.
     preload: list[str] | None = None
+    # [accuracy.outputs.NAME]: the outputs with their own metric and tolerance, {name: Rule.plain()}
+    # (tuner.measure.judge).
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:
         """Save as JSON."""

@@ -11,6 +11,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from tuner.measure.accuracy import Tolerances
+from tuner.measure.judge import Rule
 from tuner.errors import MissingLibrary, SpecError, TunerError, require
 from tuner.objective import settings as objective_settings
 from tuner.objective import value_type
@@ -35,7 +37,7 @@ _SECTIONS: dict[str, set[str]] = {
     "study": {"name", "storage", "work_dir"},
     "model": {"path", "inputs"},
     "data": {"file", "seed", "samples", "gate_samples", "low", "high", "inputs"},
-    "accuracy": {"metric", "tolerance", "atol", "rtol"},
+    "accuracy": {"metric", "tolerance", "atol", "rtol", "outputs"},
     "objective": {name for name, _, _ in objective_settings()},
     "backend": {"name", "space", "options"},
     "run": {
@@ -166,7 +168,7 @@ def spec_from_doc(doc: dict[str, Any], path: Path) -> Spec:
 
     model = _model(r, base)
     data = _data(r, base, model)
-    accuracy = _accuracy(r)
+    accuracy = _accuracy(r, model)
     objective = _objective(r, model)
     backend = _backend(r)
     run = _run(r)
@@ -328,19 +330,56 @@ def _typed(r: _Reader, field: str, value: Any, dtype: Any, past_max: bool = Fals
     return float(value)
 
 
-def _accuracy(r: _Reader) -> AccuracySpec:
-    from tuner.measure.accuracy import METRICS
-
+def _accuracy(r: _Reader, model: ModelSpec) -> AccuracySpec:
     t = r.table("accuracy")
     metric = r.get(t, "accuracy", "metric", str)
-    if metric not in METRICS:
-        raise r.fail("accuracy.metric", f"expected one of {', '.join(METRICS)}, got {metric!r}")
-    return AccuracySpec(
-        metric,
-        r.number(t, "accuracy", "tolerance"),
-        r.number(t, "accuracy", "atol", 1e-3),
-        r.number(t, "accuracy", "rtol", 1e-3),
-    )
+    sha = _metric(r, "accuracy.metric", metric, plugin=True)
+    tolerance = r.number(t, "accuracy", "tolerance")
+    atol, rtol = r.number(t, "accuracy", "atol", 1e-3), r.number(t, "accuracy", "rtol", 1e-3)
+    outputs = _output_rules(r, r.get(t, "accuracy", "outputs", dict, {}), model, Tolerances(atol, rtol))
+    if outputs and tolerance == 0 and any(rule.tolerance != tolerance for rule in outputs.values()):
+        raise r.fail("accuracy.tolerance", "expected a number > 0 when [accuracy.outputs.*] give other tolerances")
+    return AccuracySpec(metric, tolerance, atol, rtol, outputs, sha)
+
+
+def _metric(r: _Reader, field: str, metric: str, plugin: bool) -> str:
+    """Check a metric name (a built-in one, or with `plugin` a study function); the function's file hash or ''."""
+    from tuner.measure.accuracy import METRICS
+    from tuner.measure.user_metric import is_plugin, load_metric, source_hash
+
+    if metric in METRICS:
+        return ""
+    if not (plugin and is_plugin(metric)):
+        also = " or package.module:function" if plugin else ""
+        raise r.fail(field, f"expected one of {', '.join(METRICS)}{also}, got {metric!r}")
+    try:
+        return source_hash(load_metric(metric))
+    except ValueError as exc:
+        raise r.fail(field, str(exc)) from exc
+
+
+def _output_rules(r: _Reader, table: dict[str, Any], model: ModelSpec, study: Tolerances) -> dict[str, Rule]:
+    """[accuracy.outputs.NAME]: each a built-in metric and tolerance (atol/rtol default to the study's)."""
+    from tuner.spec.onnx_check import read_output_names
+
+    if not table:
+        return {}
+    names = read_output_names(model.path)
+    rules: dict[str, Rule] = {}
+    for name, entry in table.items():
+        section = f"accuracy.outputs.{name}"
+        if name not in names:
+            raise r.fail(section, f"the model has no such output; its outputs are {', '.join(names)}")
+        if not isinstance(entry, dict):
+            raise r.fail(section, "expected a table { metric = ..., tolerance = ... }")
+        unknown = sorted(set(entry) - {"metric", "tolerance", "atol", "rtol"})
+        if unknown:
+            raise r.fail(f"{section}.{unknown[0]}", "unknown field; expected one of atol, metric, rtol, tolerance")
+        metric = r.get(entry, section, "metric", str)
+        _metric(r, f"{section}.metric", metric, plugin=False)
+        tol = Tolerances(r.number(entry, section, "atol", study.atol), r.number(entry, section, "rtol", study.rtol))
+        rules[name] = Rule(metric, r.number(entry, section, "tolerance"), tol)
+    return rules
 
 
 def _objective(r: _Reader, model: ModelSpec) -> ObjectiveSpec:

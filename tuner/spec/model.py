@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.measure.judge import Rule
 from tuner.objective import ObjectiveSpec
 
 
@@ -54,12 +55,26 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class AccuracySpec:
-    """The accuracy metric, its tolerance, and atol/rtol for `outside_tol`."""
+    """The accuracy metric (a built-in name or `package.module:function`, `tuner.measure.user_metric`), its
+    tolerance, atol/rtol for `outside_tol`, and the outputs with their own metric and tolerance
+    (`[accuracy.outputs.NAME]`, `tuner.measure.judge`). `metric_sha256`: the hash of a study function's file."""
 
     metric: str
     tolerance: float
     atol: float = 1e-3
     rtol: float = 1e-3
+    outputs: dict[str, Rule] = field(default_factory=dict)
+    metric_sha256: str = ""
+
+    def settings(self) -> dict[str, Any]:
+        """What a measured accuracy depends on, for cache keys and fingerprints (the newer entries only when
+        used, so the keys of studies without them stay as they were)."""
+        out: dict[str, Any] = {"metric": self.metric, "atol": self.atol, "rtol": self.rtol}
+        if self.metric_sha256:
+            out["metric_sha256"] = self.metric_sha256
+        if self.outputs:
+            out["outputs"] = {k: v.plain() for k, v in sorted(self.outputs.items())}
+        return out
 
 
 @dataclass(frozen=True)

@@ -58,3 +58,8 @@ def read_inputs(reader: Any, path: Path) -> dict[str, tuple[str, list[int | None
         )
         out[inp.name] = (dtype, dims)
     return out
+
+
+def read_output_names(path: Path) -> list[str]:
+    """The graph output names of the (already checked) model at `path`."""
+    return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]

@@ -30,10 +30,12 @@ from tuner.backends import get_backend
 from tuner.backends.base import Artifact, Backend, BuildContext, Feed, ModelInfo, Runner
 from tuner.errors import TrialFailure
 from tuner.files import atomic_write
-from tuner.measure.accuracy import Outputs, Tolerances, compare, worst
+from tuner.measure.accuracy import Outputs
 from tuner.measure.cores import pin
 from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold, report_waits
 from tuner.measure.inputs import file_hash, read_feeds
+from tuner.measure.judge import Judge, judge_of
+from tuner.measure.user_metric import MetricError
 from tuner.measure.memory import MemoryProbe
 from tuner.measure.reference import load_reference
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
@@ -70,7 +72,7 @@ class Trial:
     feeds: list[Feed]
     reference: list[Outputs]
     ctx: BuildContext
-    tol: Tolerances
+    judge: Judge
     sets: list[ShapeFeeds] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
     res: J.Result = field(default_factory=lambda: J.Result(status=J.CRASH_EXIT))
@@ -110,7 +112,8 @@ class Trial:
             model, Path(job.work_dir), Path(job.out_dir), feeds, time.monotonic() + job.timeout_s, log.append
         )
         sets = [ShapeFeeds(dict(job.input_shapes), 1.0, feeds, reference)]
-        return cls(job, result_path, backend, feeds, reference, ctx, Tolerances(job.atol, job.rtol), sets, log)
+        judge = judge_of(job.metric, job.tolerance, job.atol, job.rtol, job.outputs)
+        return cls(job, result_path, backend, feeds, reference, ctx, judge, sets, log)
 
     def enter(self, name: str) -> None:
         """Close the current phase's clock, start phase `name` and write the result so far."""
@@ -167,19 +170,19 @@ def gate_phase(t: Trial, runner: Runner) -> list[list[Outputs]] | None:
     """The quick accuracy gate on the first `gate_samples` feeds of every shape: their outputs, or None when it
     failed at one."""
     t.enter("gate")
-    job, res, gate = t.job, t.res, t.job.gate_samples
+    res, gate, judge = t.res, t.job.gate_samples, t.judge
     outs, per_shape = [], []
     for s in t.sets:
         gate_out = [runner.infer(f) for f in s.feeds[:gate]]
-        per_output = compare(job.metric, gate_out, s.reference[:gate], t.tol)
+        values = judge.values(gate_out, s.reference[:gate])
         outs.append(gate_out)
-        per_shape.append(per_output)
-        res.accuracy, res.accuracy_per_output = worst(_worst_of(per_shape)), _worst_of(per_shape)
-        if worst(per_output) > job.tolerance:
+        per_shape.append(values)
+        res.accuracy_per_output = _worst_of(per_shape)
+        res.accuracy = judge.worst(res.accuracy_per_output)
+        breach = judge.breach(values, gate_out, s.reference[:gate])
+        if breach is not None:
             res.status = J.GATE_FAILED
-            res.message = (
-                f"{job.metric}={worst(per_output):.4g} > {job.tolerance:g} on the first {gate} feed(s){_at(t, s)}"
-            )
+            res.message = f"{breach} on the first {gate} feed(s){_at(t, s)}"
             return None
     return outs
 
@@ -195,19 +198,20 @@ def time_phase(t: Trial, runner: Runner) -> None:
 def accuracy_phase(t: Trial, runner: Runner, gate_out: list[list[Outputs]]) -> None:
     """Full accuracy over every feed of every shape (the gate's outputs reused); sets the final status."""
     t.enter("accuracy")
-    job, res = t.job, t.res
-    per_shape = []
+    job, res, judge = t.job, t.res, t.judge
+    per_shape, all_outputs = [], []
     for s, first in zip(t.sets, gate_out):
         outputs = first + [runner.infer(f) for f in s.feeds[job.gate_samples :]]
-        per_shape.append(compare(job.metric, outputs, s.reference, t.tol))
+        per_shape.append(judge.values(outputs, s.reference))
+        all_outputs.append(outputs)
     res.accuracy_per_output = _worst_of(per_shape)
-    res.accuracy = worst(res.accuracy_per_output)
+    res.accuracy = judge.worst(res.accuracy_per_output)
     res.status = J.OK if res.accuracy <= job.tolerance else J.ACCURACY
     if res.status == J.ACCURACY:
-        at = max(range(len(per_shape)), key=lambda i: worst(per_shape[i]))
-        res.message = (
-            f"{job.metric}={res.accuracy:.4g} > {job.tolerance:g} on {len(t.sets[at].feeds)} feeds{_at(t, t.sets[at])}"
-        )
+        at = max(range(len(per_shape)), key=lambda i: judge.worst(per_shape[i]))
+        s = t.sets[at]
+        breach = judge.breach(per_shape[at], all_outputs[at], s.reference)
+        res.message = f"{breach} on {len(s.feeds)} feeds{_at(t, s)}"
 
 
 def run_job(job: J.Job, result_path: Path, startup_hold: int | None = None) -> J.Result:
@@ -252,7 +256,7 @@ def run_trial(t: Trial, startup_hold: int | None = None) -> J.Result:
         else:  # any other error in build/run is this route's failure, with its class name
             res.status = J.BUILD_ERROR if res.phase == "build" else J.RUNTIME_ERROR
             res.message = f"{type(exc).__name__}: {exc}"
-        if fault is not None or not isinstance(exc, TrialFailure):
+        if fault is not None or not isinstance(exc, TrialFailure) or isinstance(exc, MetricError):
             t.log.append(traceback.format_exc())
     return t.finish()
 

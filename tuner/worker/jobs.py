@@ -35,9 +35,7 @@ def measurement_stats(result: J.Result) -> dict[str, Any]:
 def measure_settings(spec: Spec) -> dict[str, Any]:
     """What a trial's stored result depends on besides the model, data, backend and route (part of its cache key)."""
     return {
-        "metric": spec.accuracy.metric,
-        "atol": spec.accuracy.atol,
-        "rtol": spec.accuracy.rtol,
+        **spec.accuracy.settings(),
         "gate": spec.data.gate_samples,
         "timing": cache_part(spec.objective),
     }
@@ -70,6 +68,7 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
         tolerance=spec.accuracy.tolerance,
         atol=spec.accuracy.atol,
         rtol=spec.accuracy.rtol,
+        outputs={k: v.plain() for k, v in spec.accuracy.outputs.items()},
         gate_samples=spec.data.gate_samples,
         timeout_s=spec.run.trial_timeout_s,
         lock_wait_s=spec.run.trial_timeout_s,  # a lock held that long is held by a stuck process
