@@ -11,9 +11,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from tuner.errors import MissingLibrary, SpecError, TunerError, require
 from tuner.measure.accuracy import Tolerances
 from tuner.measure.judge import Rule
-from tuner.errors import MissingLibrary, SpecError, TunerError, require
 from tuner.objective import settings as objective_settings
 from tuner.objective import value_type
 from tuner.spec.model import (

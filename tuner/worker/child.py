@@ -35,9 +35,9 @@ from tuner.measure.cores import pin
 from tuner.measure.exclusive import HOST, DeviceLock, inherited_startup_hold, report_waits
 from tuner.measure.inputs import file_hash, read_feeds
 from tuner.measure.judge import Judge, judge_of
-from tuner.measure.user_metric import MetricError
 from tuner.measure.memory import MemoryProbe
 from tuner.measure.reference import load_reference
+from tuner.measure.user_metric import MetricError
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.lifeline import die_with_parent
 from tuner.worker.timing import GPU_CLOCKS, TimedShape, time_trial
