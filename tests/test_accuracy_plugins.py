@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +178,19 @@ def test_a_study_function_sees_every_feeds_outputs_and_its_failures_name_it() ->
     assert judge.values(_feeds([np.nan, 0.0]), reference) == {"mine:loss": float("inf")} and len(seen) == 1
     with pytest.raises(MetricError, match=r"^accuracy.metric 'mine:loss' returned -1.0, expected a number >= 0$"):
         Judge("mine:loss", 0.1, _fn=lambda r, c: -1.0).values(candidate, reference)
+
+
+def test_the_documented_example_metric_runs_as_shown(tmp_path: Path, write_spec: SpecWriter, monkeypatch) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "accuracy.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL) if "ocr_metrics" in block)
+    (tmp_path / "ocr_metrics.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_spec(write_spec(**{"accuracy.metric": "ocr_metrics:cer"})).accuracy.metric_sha256
+    from ocr_metrics import cer  # type: ignore[import-not-found]
+
+    def logits(labels: list[int]) -> np.ndarray:  # one sample [time, classes] whose best class per step is `labels`
+        return np.eye(4)[labels][None]
+
+    truth = [{"logits": logits([1, 1, 0, 2, 3, 0, 3])}]  # decodes to 1 2 3 3
+    assert cer(truth, truth) == 0.0
+    assert cer(truth, [{"logits": logits([1, 0, 2, 2, 2, 0, 3])}]) == 0.25  # 1 2 3: one deletion in 4
