@@ -57,7 +57,7 @@ class Study:
 
     def __init__(self, spec: Spec, storage: str | None = None, doc: Mapping[str, Any] | None = None) -> None:
         self.spec = spec
-        self._storage = storage
+        self._storage_option = storage
         self._doc = doc  # a study made from a mapping: written to its work dir when it runs
 
     @classmethod
@@ -92,7 +92,7 @@ class Study:
     @property
     def storage(self) -> str:
         """The storage URL: the `storage` argument, else $TUNER_STORAGE, the study file's, SQLite in the work dir."""
-        return resolve_storage(self.spec, self._storage)
+        return resolve_storage(self.spec, self._storage_option)
 
     def context(self) -> Context:
         """The study bound to its storage, as the workers and commands see it."""
