@@ -50,7 +50,7 @@ def test_cpu_trials_are_forked_from_one_server_and_gpu_routes_are_not(write_spec
     first = run_isolated(job, tmp_path / "a")
     second = run_isolated(make_job(ctx, route, tmp_path / "b" / "out"), tmp_path / "b")
     assert first.status == second.status == J.OK, (first.message, second.message)
-    (server,) = forkserver._SERVERS.values()
+    server = forkserver._SERVERS[tuple(job.preload or ())]  # (earlier tests in this process may have their own)
     assert server.alive() and server.proc.args[:4] == [sys.executable, "-m", "tuner.worker.child", "--serve"]
 
 
