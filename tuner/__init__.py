@@ -7,7 +7,8 @@ verdict = Study.from_file("studies/efficientnet_lite0.toml").run(trials=3, confi
 
 from typing import Any
 
-__version__ = "0.1.0"
+from tuner.version import __version__
+
 __all__ = ["Study", "__version__"]
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from tuner.errors import Interrupted, Unavailable
+from tuner.errors import Interrupted, TunerError, Unavailable
 from tuner.events import CONFIRMING, DONE, TRIALS, PhaseEvent, TrialWatcher
 from tuner.spec import Spec, load_spec, make_storage_dir, resolve_storage, spec_from_doc
 from tuner.spec.toml import dumps
@@ -167,8 +167,12 @@ class Study:
                 except Exception as exc:  # after a stop the database may not answer (a frozen server)
                     if not (STOP.is_set() and is_db_fault(exc)):
                         raise
-        if any(codes) and not timed_out:
-            raise Unavailable(f"{sum(1 for c in codes if c)} worker(s) exited with an error (statuses {codes})")
+        failed = [c for c in codes if c]
+        if failed and not timed_out:
+            message = f"{len(failed)} worker(s) exited with an error (statuses {codes})"
+            if set(failed) == {TunerError.exit_code}:  # each worker refused the study file as given (its line said why)
+                raise TunerError(message)
+            raise Unavailable(message)
         if confirm and not timed_out:
             self._confirm(ctx, study, emit, reconfirm, confirm_rounds, confirm_top_k, confirm_confidence)
         collected = enforce_cap(ctx, study)  # after confirmation: the routes it measured are kept

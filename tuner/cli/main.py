@@ -15,10 +15,10 @@ from typing import Annotated
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
-from tuner import __version__
 from tuner.cli import build, dashboard, db, gc, init, probe, report, results, run
 from tuner.cli.common import err_console, settings
 from tuner.errors import TunerError, first_line
+from tuner.version import __version__
 
 DATABASE_EXIT = 3  # the database failed: the environment, not the input
 app = typer.Typer(

@@ -17,7 +17,6 @@ from typing import Any
 import optuna
 from sqlalchemy.orm import Session
 
-from tuner import __version__
 from tuner.backends import get_backend
 from tuner.backends.base import Backend, ModelInfo
 from tuner.backends.device import hardware
@@ -33,6 +32,7 @@ from tuner.store.urls import mask_credentials, mask_url
 from tuner.study import warm_start
 from tuner.study.fingerprint import DEVICE, completed, device_problem, differences, study_fingerprint
 from tuner.study.optuna_adapter import open_storage
+from tuner.version import __version__
 
 METRIC_NAMES = ["latency_ms"]
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.run()
     except TunerError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     return 0
 
 

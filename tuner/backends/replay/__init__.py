@@ -82,7 +82,7 @@ class ReplayBackend(Backend):
         return True
 
     def version(self) -> str:
-        from tuner import __version__
+        from tuner.version import __version__
 
         return f"replay-{__version__}"
 
