@@ -109,3 +109,13 @@ def test_a_timeout_interrupts_the_trial_in_flight_requeues_it_and_ends_with_a_ve
     assert not [t for t in ts if t.state == TrialState.RUNNING]
     assert [t.number for t in ts if t.user_attrs.get("failure_class") == "interrupted"] == [0]
     assert 0 in [t.user_attrs.get("retry_of") for t in ts if t.state == TrialState.WAITING]  # asked again
+
+
+def test_db_upgrade_reports_in_json(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db' / 'study.db'}"
+    done = tuner("db", "upgrade", "--storage", url, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["storage"] == url and doc["tuner_schema"][0] is None and doc["tuner_schema"][1]
+    again = json.loads(tuner("db", "upgrade", "--storage", url, "--json").stdout)
+    assert again["tuner_schema"] == [doc["tuner_schema"][1]] * 2  # an upgraded database stays as it is

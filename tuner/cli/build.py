@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from tuner import job as J
-from tuner.cli.common import SpecArg, console, context, fmt_ms
+from tuner.cli.common import JsonOpt, SpecArg, console, context, emit_json, fmt_ms
 from tuner.errors import TunerError
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
@@ -20,6 +20,7 @@ def build(
     spec: SpecArg,
     route: Annotated[Path, typer.Option("--route", help="A route.json (as written by `tuner best --export`).")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the engine and result.json.")],
+    as_json: JsonOpt = False,
 ) -> None:
     """Build `route` in an isolated child, check its accuracy, time it, and keep the artifact in OUT."""
     ctx = context(spec, None)
@@ -36,10 +37,13 @@ def build(
         shutil.copyfile(res.artifact_path, out / f"engine{Path(res.artifact_path).suffix}")
     (out / "result.json").write_text(res.to_json())
     latency = res.latency.get(ctx.spec.objective.statistic) if res.latency else None
-    console.print(
-        f"{res.status}: {ctx.spec.objective.statistic} {fmt_ms(latency)}, {ctx.spec.accuracy.metric} = {res.accuracy} "
-        f"{res.message}",
-        highlight=False,
-    )
+    if as_json:
+        emit_json(json.loads(res.to_json()))
+    else:
+        console.print(
+            f"{res.status}: {ctx.spec.objective.statistic} {fmt_ms(latency)}, {ctx.spec.accuracy.metric} = "
+            f"{res.accuracy} {res.message}",
+            highlight=False,
+        )
     if res.status != J.OK:
         raise typer.Exit(1)

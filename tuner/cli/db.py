@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tuner.cli.common import StorageOpt, console, context, storage_option
+from tuner.cli.common import JsonOpt, StorageOpt, console, context, emit_json, storage_option
 from tuner.errors import TunerError
 from tuner.spec import make_storage_dir
 from tuner.store.db import check_reachable, schema_lock, upgrade_schema
@@ -20,6 +20,7 @@ app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 def upgrade(
     spec: Annotated[Path | None, typer.Argument(help="A study file naming the storage.")] = None,
     storage: StorageOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Create or migrate the database: Optuna's tables and the tuner's (tuner_alembic_version)."""
     if spec is None and not storage:
@@ -35,6 +36,10 @@ def upgrade(
     with schema_lock(url):  # two first-time upgrades at once would both create the tables
         open_storage(url).upgrade()
         before, after = upgrade_schema(url)
-    console.print(
-        f"{mask_url(url)}: optuna schema {optuna.__version__}-compatible; tuner schema {before or 'none'} -> {after}"
-    )
+    if as_json:
+        emit_json({"storage": mask_url(url), "optuna": optuna.__version__, "tuner_schema": [before, after]})
+    else:
+        console.print(
+            f"{mask_url(url)}: optuna schema {optuna.__version__}-compatible; "
+            f"tuner schema {before or 'none'} -> {after}"
+        )
