@@ -94,7 +94,7 @@ def _paired(rng: np.random.Generator, speedup: float, contended: bool = False, s
 
 
 def _run(
-    factors: dict[int, float], cap: int = 8, contended_rounds: tuple[int, ...] = ()
+    factors: dict[int, float], cap: int = 8, contended_rounds: tuple[int, ...] = (), spread: float = 0.03
 ) -> tuple[dict, list[C.RoundEvent]]:
     rng = np.random.default_rng(3)
     candidates = [C.Candidate(_trial(n, "abc"[n - 1], 4.0)) for n in factors]
@@ -102,7 +102,7 @@ def _run(
     level = C.interval_level(0.95, len(candidates), cap)
     stopped = C.run_rounds(
         candidates,
-        lambda t, r: _paired(rng, factors[t.number], r in contended_rounds),
+        lambda t, r: _paired(rng, factors[t.number], r in contended_rounds, spread),
         cap,
         level,
         "median",
@@ -133,6 +133,19 @@ def test_the_confirmation_stops_as_soon_as_the_verdict_is_decided() -> None:
     assert "decided: trial 1" in events[-1].text()
     doc, events = _run({1: 1.0, 2: 1.0})  # nothing to find: the cap
     assert doc["stopped"] == "cap" and doc["rounds"] == 8 and not any(e.decided for e in events)
+
+
+def test_a_win_must_clear_the_least_speedup_worth_reporting() -> None:
+    """A consistent 0.5 % edge is significant (its interval excludes 1.0) but no win: it never reaches MIN_SPEEDUP."""
+    doc, events = _run({1: 1.005}, spread=0.001)
+    (row,) = doc["candidates"]
+    assert 1.0 < row["low"] < C.MIN_SPEEDUP and row["high"] < C.MIN_SPEEDUP
+    assert doc["verdict"] == V.NO_SIGNIFICANT and doc["winner_trial"] is None
+    assert f"not clear of the {C.MIN_SPEEDUP}x a win needs" in doc["message"]
+    assert doc["stopped"] == "decided" and doc["rounds"] == C.MIN_ROUNDS  # none can become a win: stop early
+    assert f"no candidate can be {C.MIN_SPEEDUP}x faster" in events[-1].decided
+    doc, _ = _run({1: 1.05}, spread=0.001)
+    assert doc["verdict"] == V.SPEEDUP and doc["candidates"][0]["low"] > C.MIN_SPEEDUP
 
 
 def test_contended_processes_are_run_again_and_decide_nothing() -> None:

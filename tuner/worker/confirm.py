@@ -9,9 +9,15 @@ process's ratio can sit a few percent off another's for its whole life, so one c
 are pooled as a random-effects combination (`tuner.measure.speedup.pooled_speedup`, as racing
 does, with the Hartung-Knapp interval a few measurements need), whose interval widens when they disagree.
 
+A win is reported only when its interval lies above MIN_SPEEDUP, not merely above 1.0: the processes
+of one study are not fully independent draws (children forked from one pre-imported server inherit
+its memory layout; they share the host's state of the hour), and an A/A study of one engine against
+itself showed pooled offsets of up to 1.4 % whose intervals excluded 1.0 (docs/confirmation.md).
+
 Rounds run one after another and stop as soon as the verdict cannot change (`decided`): the
-leader's interval lies above 1.0 and clear of every other candidate's, or every candidate's lies
-below 1.0; else at the cap (`rounds`, default DEFAULT_ROUNDS), after at least MIN_ROUNDS. Looking
+leader's interval lies above MIN_SPEEDUP and clear of every other candidate's, or every candidate's
+lies below MIN_SPEEDUP (none can become a win); else at the cap (`rounds`, default DEFAULT_ROUNDS),
+after at least MIN_ROUNDS. Looking
 after every round is paid for in the intervals: each is at the level 1 - (1 - confidence) / (k *
 looks), Bonferroni over the k candidates and the looks the cap allows, so the family of intervals
 holds jointly at the requested confidence at every look, and a study whose routes are all the same
@@ -60,11 +66,13 @@ from tuner.worker.race import stored_engine
 ATTR = "confirmation"
 DEFAULT_ROUNDS = 8  # the cap on rounds (processes per candidate) unless --confirm-rounds says otherwise
 MIN_ROUNDS = 3  # processes per candidate before the verdict may be decided: their spread needs three to be seen
+MIN_SPEEDUP = 1.01  # the least speedup reported as a win: its interval must lie above this, not just above 1.0
 CONTENDED_EXTRA = 4  # rounds run beyond the cap to replace contended processes
 METHOD = (
     "per candidate: fresh processes, each timing it paired with the default route in ABBA blocks of the {statistic} "
     "latency; the processes' Hodges-Lehmann estimates pooled by random effects (DerSimonian-Laird); intervals at "
-    "{level:.4%}: Bonferroni over {k} candidate(s) and {looks} look(s), stopping once the verdict is decided"
+    "{level:.4%}: Bonferroni over {k} candidate(s) and {looks} look(s), stopping once the verdict is decided; a win "
+    "needs its interval above {min_speedup}x"
 )
 NOTHING_TO_CONFIRM = "nothing-to-confirm"  # a confirmation outcome; the other verdicts are `tuner.study.verdict`'s
 
@@ -136,13 +144,20 @@ def decided(standings: Mapping[int, Speedup]) -> str:
     if not standings:
         return ""
     leader, best = max(standings.items(), key=lambda item: item[1].estimate)
-    if best.significant and all(best.low > s.high for n, s in standings.items() if n != leader):
+    if is_win(best) and all(best.low > s.high for n, s in standings.items() if n != leader):
         return f"trial {leader} is faster than the default route" + (
             " and than every other candidate" if len(standings) > 1 else ""
         )
     if all(s.slower for s in standings.values()):
         return "every candidate is slower than the default route"
+    if all(s.high < MIN_SPEEDUP for s in standings.values()):
+        return f"no candidate can be {MIN_SPEEDUP}x faster than the default route"
     return ""
+
+
+def is_win(s: Speedup) -> bool:
+    """Whether a pooled speedup is reported as a win: its interval lies above MIN_SPEEDUP."""
+    return s.low > MIN_SPEEDUP
 
 
 def pick_candidates(trials: list[FrozenTrial], baseline: FrozenTrial, top_k: int) -> list[FrozenTrial]:
@@ -161,7 +176,13 @@ def pick_candidates(trials: list[FrozenTrial], baseline: FrozenTrial, top_k: int
 
 def settings(ctx: Context, top_k: int, confidence: float, cap: int) -> dict[str, Any]:
     """What a confirmation depends on besides the trials it re-measures (stored with it; see `is_current`)."""
-    return {"top_k": top_k, "confidence": confidence, "cap": cap, "measure": measure_settings(ctx.spec)}
+    return {
+        "top_k": top_k,
+        "confidence": confidence,
+        "cap": cap,
+        "min_speedup": MIN_SPEEDUP,
+        "measure": measure_settings(ctx.spec),
+    }
 
 
 def is_current(
@@ -384,7 +405,9 @@ def judge(
         "stopped": stopped,
         "candidates": rows,
         "interval_level": level,
-        "method": METHOD.format(statistic=statistic, level=level, k=len(candidates), looks=looks(cap)),
+        "method": METHOD.format(
+            statistic=statistic, level=level, k=len(candidates), looks=looks(cap), min_speedup=MIN_SPEEDUP
+        ),
         "default_median_ms": _median([v for c in candidates for v in c.default_ms]),
     }
     base["contention"] = contention(candidates)
@@ -397,7 +420,7 @@ def judge(
             else "every candidate failed"
         )
         return {**base, **_nothing(candidates, why)}
-    wins = [(c, s) for c, s in judged if s.significant]
+    wins = [(c, s) for c, s in judged if is_win(s)]
     entry, s = max(wins or judged, key=lambda cs: cs[1].estimate)
     interval = f"{confidence:.0%} CI {s.low:.3f}x-{s.high:.3f}x over {len(entry.log_ratios)} paired processes"
     if wins:
@@ -412,10 +435,11 @@ def judge(
             f"{s.estimate:.3f}x ({interval})",
         )
     else:
+        short = "includes 1.0" if not s.significant else f"not clear of the {MIN_SPEEDUP}x a win needs"
         verdict, message = (
             NO_SIGNIFICANT,
             f"no significant speedup over the default route: best candidate trial {entry.trial.number} at "
-            f"{s.estimate:.3f}x ({interval} includes 1.0)",
+            f"{s.estimate:.3f}x ({interval} {short})",
         )
     if base["contention"].get("contended_processes"):
         c = base["contention"]
