@@ -40,6 +40,16 @@ from tuner.worker.isolate import run_isolated
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed (pip install 'route-tuner[inductor]')")
 SHAPE = (2, 16)
+BATCHES = (1, 2)  # the served batch sizes of the two-shape tests (SHAPE's batch among them)
+FIXED = {  # a space of one route: every switch of the CPU space at one value
+    "mode": ["default"],
+    "precision": ["fp32"],
+    "epilogue_fusion": [True],
+    "aggressive_fusion": [False],
+    "max_fusion_size": [64],
+    "pattern_matcher": [True],
+    "freezing": [False],
+}
 
 
 def _weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -51,12 +61,12 @@ def _weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     )
 
 
-def mlp_onnx(path: Path) -> Path:
+def mlp_onnx(path: Path, batch: int | str = SHAPE[0]) -> Path:
     """x [2,16] -> Pad(1, 1) -> MatMul -> Add -> Relu -> MatMul -> Reshape(constant [-1, 4]) -> y [2,4].
 
     Pad and Reshape take their pads and shape as tensors, as exported CNNs do (EfficientNet's same
     padding, the flatten before the classifier); onnx2torch's modules for them break or fail Dynamo
-    tracing until the backend makes them static.
+    tracing until the backend makes them static. `batch` names dimension 0 (e.g. "batch": dynamic).
     """
     w1, b1, w2 = _weights()
     graph = helper.make_graph(
@@ -69,8 +79,8 @@ def mlp_onnx(path: Path) -> Path:
             helper.make_node("Reshape", ["m", "shape"], ["y"]),
         ],
         "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [SHAPE[0], 4])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, SHAPE[1]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])],
         [
             numpy_helper.from_array(w1, "w1"),
             numpy_helper.from_array(b1, "b1"),
@@ -285,21 +295,12 @@ def test_inductor_study_end_to_end(
     tmp_path: Path, mlp: tuple[Path, Any], write_spec: SpecWriter, pg_url: str, shared_cache: str
 ) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
-    fixed = {
-        "mode": ["default"],
-        "precision": ["fp32"],
-        "epilogue_fusion": [True],
-        "aggressive_fusion": [False],
-        "max_fusion_size": [64],
-        "pattern_matcher": [True],
-        "freezing": [False],
-    }
     spec = write_spec(
         **{
             "model.path": str(mlp[0]),
             "backend.name": "inductor",
             "backend.options": {"device": "cpu"},
-            "backend.space": fixed,
+            "backend.space": FIXED,
             "accuracy.metric": "max_abs",
             "accuracy.tolerance": 1e-4,
             "run.budget": 2,
@@ -317,6 +318,121 @@ def test_inductor_study_end_to_end(
     assert [a.name for a in artifacts] == [f"{first.user_attrs['artifact_sha256']}.tar"]
     result = json.loads((trial_dir(pg_url, "tiny", tmp_path / ".tuner" / "tiny", 0) / "result.json").read_text())
     assert result["timing_info"]["clock"] == "host-perf_counter" and result["build_s"] > 0
+
+
+def _served(model: Path, options: dict[str, Any]) -> ModelInfo:
+    """The MLP served at every batch of BATCHES (its [model] shape SHAPE), as [[objective.shapes]] gives it."""
+    return ModelInfo(model, {"x": SHAPE}, options, tuple(({"x": (n, SHAPE[1])}, 1.0) for n in BATCHES))
+
+
+def _batch_feeds() -> dict[int, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(2)
+    return {n: {"x": rng.uniform(-1, 1, (n, SHAPE[1])).astype(np.float32)} for n in BATCHES}
+
+
+@needs_torch
+def test_each_served_shape_gets_its_own_compiled_module_also_when_reloaded(tmp_path: Path, shared_cache: str) -> None:
+    pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
+    model, feeds = mlp_onnx(tmp_path / "mlp.onnx", batch="batch"), _batch_feeds()
+    backend = get_backend("inductor")
+    info = _served(model, {"device": "cpu"})
+    route = backend.space(info).default_route()
+    artifact = backend.build(route, BuildContext(info, tmp_path / "work", tmp_path / "out", [feeds[2]]))
+    with tarfile.open(artifact.path) as tar:
+        assert tar.getnames() == ["manifest.json", "graph_000.py", "graph_001.py"]  # Reshape/Pad fixed per shape
+        manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
+    assert manifest["graphs"] == 2 and manifest["shapes"] == [
+        {"inputs": {"x": [n, SHAPE[1]]}, "graphs": 1} for n in BATCHES
+    ]
+    assert [s["inputs"] for s in artifact.info["shapes"]] == [s["inputs"] for s in manifest["shapes"]]
+    assert all(s["compile_s"] > 0 for s in artifact.info["shapes"])  # the build's timings cover every shape
+    log: list[str] = []
+    stored = Artifact(artifact.path, artifact.build_s, artifact.info)  # as read back in another process: no handle
+    for loaded, out in ((artifact, "load"), (stored, "reload")):
+        with backend.load(
+            loaded, route, BuildContext(info, tmp_path / "work", tmp_path / out, [feeds[2]], log=log.append)
+        ) as runner:
+            for feed in feeds.values():
+                want = compute_reference(model, [feed])[0]["y"]
+                np.testing.assert_allclose(runner.infer(feed)["y"], want, rtol=1e-5, atol=1e-5)
+            with pytest.raises(RuntimeError, match=r"no module was compiled for input shapes \[\(3, 16\)\]"):
+                runner.infer({"x": np.zeros((3, SHAPE[1]), np.float32)})
+    assert log == []  # recompiled to the same code at both shapes
+
+
+@needs_torch
+def test_a_module_function_serves_every_shape_and_its_examples_must_be_one_of_them(
+    tmp_path: Path, shared_cache: str
+) -> None:
+    model, feeds = mlp_onnx(tmp_path / "mlp.onnx", batch="batch"), _batch_feeds()
+    backend = get_backend("inductor")
+    info = _served(model, {"device": "cpu", "module": "tests.test_inductor:mlp_module"})
+    route = backend.space(info).default_route()
+    ctx = BuildContext(info, tmp_path / "work", tmp_path / "out", [feeds[2]])
+    artifact = backend.build(route, ctx)
+    assert [s["graphs"] for s in artifact.info["shapes"]] == [1, 1]
+    with backend.load(artifact, route, ctx) as runner:
+        got = runner.infer(feeds[1])["y"]
+    np.testing.assert_allclose(got, compute_reference(model, [feeds[1]])[0]["y"], rtol=1e-5, atol=1e-5)
+    bad = _served(model, {"device": "cpu", "module": "tests.test_inductor:wrong_shape_module"})
+    with pytest.raises(
+        BuildError,
+        match=r"example inputs have shapes \[\(3, 16\)\]; the study's inputs are "
+        r"\[\(1, 16\)\] or \[\(2, 16\)\]$",
+    ):
+        backend.build(route, BuildContext(bad, tmp_path / "work", tmp_path / "bad", [feeds[2]]))
+
+
+@needs_torch
+@pytest.mark.slow
+def test_a_two_shape_inductor_study_is_timed_at_each_shape_and_exports_both(
+    tmp_path: Path, write_spec: SpecWriter, pg_url: str, shared_cache: str
+) -> None:
+    pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
+    import os
+
+    spec = write_spec(
+        **{
+            "model.path": str(mlp_onnx(tmp_path / "mlp.onnx", batch="batch")),
+            "model.inputs": {"x": {"shape": list(SHAPE)}},
+            "backend.name": "inductor",
+            "backend.options": {"device": "cpu"},
+            "backend.space": {**FIXED, "max_fusion_size": [64, 16]},  # two routes: the default and one candidate
+            "accuracy.metric": "max_abs",
+            "accuracy.tolerance": 1e-4,
+            "objective.shapes": [{"inputs": {"x": [n, SHAPE[1]]}, "weight": 1.0} for n in BATCHES],
+            "run.budget": 2,
+            "run.racing": False,
+        }
+    )
+    env = {"TORCHINDUCTOR_CACHE_DIR": shared_cache}
+    proc = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
+    trials = sorted(study.get_trials(), key=lambda t: t.number)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    candidate = trials[1].user_attrs
+    assert candidate["failure_class"] == "" and candidate["cache_hit"] is False
+    assert [s["inputs"]["x"][0] for s in candidate["build_info"]["shapes"]] == list(BATCHES)
+    measured = candidate["shapes"]  # timed at each shape, paired with the default route compiled for each
+    assert [s["inputs"]["x"][0] for s in measured] == list(BATCHES)
+    assert all(s["route_ms"] > 0 and s["default_ms"] > 0 and s["speedup"] > 0 and s["ci"] for s in measured)
+
+    out = tmp_path / "export"
+    best = tuner("best", str(spec), "--storage", pg_url, "--export", str(out), "--trial", "1")
+    assert best.returncode == 0, best.stderr[-3000:]
+    snippet = (out / "compile_inductor.py").read_text()
+    assert "SHAPES = [{'x': [1, 16]}, {'x': [2, 16]}]" in snippet
+    ran = subprocess.run(
+        [sys.executable, str(out / "compile_inductor.py")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip().splitlines()[-2:] == ["[[1, 4]]", "[[2, 4]]"]  # compiled and run at each shape
 
 
 def _sha(path: Path) -> str:
@@ -354,8 +470,9 @@ def test_the_export_snippet_compiles_the_route_as_the_trial_did(
     )
     snippet = str(d.files["compile_inductor.py"])
     assert (
-        "torch.compile(module, options=OPTIONS)" in snippet and "'freezing': True" in snippet
+        "torch.compile(module, dynamic=False, options=OPTIONS)" in snippet and "'freezing': True" in snippet
     )  # the recorded configuration
+    assert "SHAPES = [{'x': [2, 16]}]" in snippet  # without [[objective.shapes]]: the [model] shapes
     out = tmp_path / "export"
     out.mkdir()
     (out / "compile_inductor.py").write_text(snippet)

@@ -131,7 +131,7 @@ def smoke() -> dict[str, Any]:
         for mode in ("default", "reduce-overhead"):
             t0 = time.perf_counter()
             route = {"mode": mode, "precision": "fp32"}
-            engine = Engine.create(model, route, "cuda", ["x"], ["y"], compile_options(route, {}))
+            engine = Engine.create({(feed["x"].shape,): model}, route, "cuda", ["x"], ["y"], compile_options(route, {}))
             runner = InductorRunner(engine)
             got = [runner.infer(feed)["y"] for _ in range(4)][-1]
             once = runner.timed(feed)

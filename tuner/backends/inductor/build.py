@@ -1,12 +1,15 @@
 """Build an Inductor route: source module -> device/precision/layout -> torch.compile -> warm-up compile.
 
 The source is the study's ONNX model converted by onnx2torch, or the module that
-backend.options.module = "pkg.mod:fn" returns (fn() -> (torch.nn.Module, example inputs)).
+backend.options.module = "pkg.mod:fn" returns (fn() -> (torch.nn.Module, example inputs)). The
+engine serves every shape of `ModelInfo.served` (`[[objective.shapes]]`, else the study's input
+shapes) with one module compiled and warmed up for each (`Engine`).
 
 The artifact is `inductor.tar`: the output code Inductor generated for the route (one Python module
 per compiled graph, holding the wrapper that launches the kernels and every Triton/C++ kernel's
 source inline, captured through Inductor's `GraphLowering.save_output_code` hook) and
-`manifest.json` (route, compile options, device, graph count, code hash). That code *is* the
+`manifest.json` (route, compile options, device, graph count, code hash, and with several shapes
+each one's inputs and graph count, its graphs following the previous shape's). That code *is* the
 engine: equal code gives an equal hash, and a reviewer reads in it what a route changed (fusions, GEMM templates,
 CUDA-graph wrapping). Compiled binaries stay in Inductor's cache, shared by the study's trials on this machine
 (`$TORCHINDUCTOR_CACHE_DIR` if set, else `<work_dir>/inductor-cache`), so a route compiled before is
@@ -17,6 +20,7 @@ and checks that the code is the same. The tar is written deterministically (fixe
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib
 import io
@@ -28,8 +32,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tuner.backends.base import Artifact, BuildContext, BuildError, Feed, ModelInfo
-from tuner.backends.inductor.engine import Engine
+from tuner.backends.inductor.engine import Engine, shapes_of
 from tuner.backends.inductor.space import MODULE, compile_options, resolve_device
 from tuner.errors import first_line
 from tuner.files import atomic_path
@@ -41,7 +47,7 @@ ONNX_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "ed
 
 
 def build(route: Route, ctx: BuildContext) -> Artifact:
-    """Compile `route`, warm it up, and write its generated code to `ctx.out_dir/inductor.tar`."""
+    """Compile `route` at every served shape, warm it up, and write its generated code to `ctx.out_dir/inductor.tar`."""
     t0 = time.perf_counter()
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     engine, codes, timings = compile_engine(route, ctx.model, ctx.calibration[0], ctx.work_dir)
@@ -52,9 +58,14 @@ def build(route: Route, ctx: BuildContext) -> Artifact:
         "graphs": len(codes),
         "code_sha256": code_digest(codes),
     }
+    if "shapes" in timings:  # which graphs each shape compiled to (the deterministic part of the per-shape record)
+        manifest["shapes"] = [{"inputs": s["inputs"], "graphs": s["graphs"]} for s in timings["shapes"]]
     ctx.log(
         f"inductor: source in {timings['source_s']:.2f} s, compiled and warmed up in {timings['compile_s']:.2f} s, "
         f"{len(codes)} graph(s), cache hits {timings['cache_hits']}"
+        + "".join(
+            f"; at {s['inputs']}: {s['graphs']} graph(s) in {s['compile_s']:.2f} s" for s in timings.get("shapes", [])
+        )
     )
     path = ctx.out_dir / ARTIFACT
     pack(codes, manifest, path)
@@ -64,7 +75,8 @@ def build(route: Route, ctx: BuildContext) -> Artifact:
 def rebuild(
     artifact_path: Path, route: Route, model: ModelInfo, feed: Feed, work_dir: Path, log: Callable[[str], None]
 ) -> Engine:
-    """An engine for a stored artifact: recompile its route (from the shared cache) and compare the code."""
+    """An engine for a stored artifact: recompile its route at every served shape (from the shared cache) and compare
+    the code."""
     engine, codes, _ = compile_engine(route, model, feed, work_dir)
     with tarfile.open(artifact_path) as tar:
         member = tar.extractfile("manifest.json")
@@ -87,7 +99,8 @@ def cache_dir(work_dir: Path) -> Path:
 def compile_engine(
     route: Route, model: ModelInfo, feed: Feed, work_dir: Path
 ) -> tuple[Engine, list[str], dict[str, Any]]:
-    """The compiled, warmed-up engine for `route`, the output code of its graphs, and timings."""
+    """The engine for `route`, compiled and warmed up at every served shape, the output code of its graphs (shape by
+    shape, in compile order), and timings; with `[[objective.shapes]]` the timings have each shape's in `shapes`."""
     import torch
     from torch._dynamo.utils import counters
 
@@ -97,11 +110,59 @@ def compile_engine(
         raise BuildError("backend.options.device = 'cuda' but torch sees no CUDA device")
     cache_dir(work_dir)
     t0 = time.perf_counter()
-    module, output_names = load_source(model, feed)
+    examples = served_feeds(model, feed)
+    modules, output_names = load_source(model, examples)
     source_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     hits = _cache_hits(counters)
-    engine = Engine.create(module, route, device, list(model.input_shapes), output_names, options)
+    names = list(model.input_shapes)
+    engine = Engine.create(
+        {shapes_of([f[n] for n in names]): m for f, m in zip(examples, modules)},
+        route,
+        device,
+        names,
+        output_names,
+        options,
+    )
+    codes, per_shape = _warm_up_each(engine, examples, bool(model.shapes))
+    timings: dict[str, Any] = {
+        "source_s": round(source_s, 4),
+        "compile_s": round(time.perf_counter() - t1, 4),
+        "cache_hits": _cache_hits(counters) - hits,
+    }
+    if model.shapes:
+        timings["shapes"] = per_shape
+    return engine, codes, timings
+
+
+def _warm_up_each(engine: Engine, examples: list[Feed], name_shape: bool) -> tuple[list[str], list[dict[str, Any]]]:
+    """Warm `engine` up on each example (compiling its module for that shape): the output code of every graph, and
+    per shape its inputs, graph count, seconds and cache hits. `name_shape`: name the shape in an error."""
+    from torch._dynamo.utils import counters
+
+    codes: list[str] = []
+    per_shape = []
+    for example in examples:
+        t, hits = time.perf_counter(), _cache_hits(counters)
+        shape_codes = _warm_up(engine, example)
+        inputs = {n: list(example[n].shape) for n in engine.input_names}
+        if not shape_codes:
+            at = f" at {inputs}" if name_shape else ""
+            raise BuildError(f"Inductor generated no code for this model{at} (it ran eagerly)")
+        codes += shape_codes
+        per_shape.append(
+            {
+                "inputs": inputs,
+                "graphs": len(shape_codes),
+                "compile_s": round(time.perf_counter() - t, 4),
+                "cache_hits": _cache_hits(counters) - hits,
+            }
+        )
+    return codes, per_shape
+
+
+def _warm_up(engine: Engine, feed: Feed) -> list[str]:
+    """Run `engine` on `feed` until every compilation has happened; the output code generated meanwhile."""
     codes: list[str] = []
     try:
         with capture_output_code(codes.append):
@@ -111,14 +172,22 @@ def compile_engine(
             engine.synchronize()
     except Exception as exc:  # Dynamo/Inductor raise many types (BackendCompilerFailed, Unsupported, ...)
         raise BuildError(f"torch.compile: {type(exc).__name__}: {first_line(exc)[:400]}") from exc
-    if not codes:
-        raise BuildError("Inductor generated no code for this model (it ran eagerly)")
-    timings = {
-        "source_s": round(source_s, 4),
-        "compile_s": round(time.perf_counter() - t1, 4),
-        "cache_hits": _cache_hits(counters) - hits,
-    }
-    return engine, codes, timings
+    return codes
+
+
+def served_feeds(model: ModelInfo, feed: Feed) -> list[Feed]:
+    """One example feed per shape the engine serves (`ModelInfo.served`), for tracing and the warm-up compile.
+
+    `feed` (the study's first validation feed) where an input has the shape's size, else its values repeated
+    to fill it (`numpy.resize`): real values, so a model whose shapes follow its data traces as it runs.
+    """
+    return [
+        {
+            name: feed[name] if feed[name].shape == tuple(inputs[name]) else np.resize(feed[name], inputs[name])
+            for name in model.input_shapes
+        }
+        for inputs, _ in model.served()
+    ]
 
 
 @contextlib.contextmanager
@@ -139,12 +208,17 @@ def capture_output_code(sink: Callable[[str], None]) -> Iterator[None]:
         GraphLowering.save_output_code = previous
 
 
-def load_source(model: ModelInfo, feed: Feed) -> tuple[Any, list[str]]:
-    """The eager torch module for the study (onnx2torch or backend.options.module) and the output names."""
+def load_source(model: ModelInfo, examples: list[Feed]) -> tuple[list[Any], list[str]]:
+    """The eager torch module for each example feed's shapes (onnx2torch or backend.options.module) and the output
+    names.
+
+    onnx2torch's module is specialised to each example's shapes (`static_shapes`); beyond the first, each
+    specialises a copy of its graph that shares the weights. A backend.options.module module serves them all.
+    """
     output_names = _onnx_outputs(model.path)
     target = MODULE.get(model.options)
     if target:
-        return _from_function(str(target), model), output_names
+        return [_from_function(str(target), model)] * len(examples), output_names
     try:
         from onnx2torch import convert
     except ImportError as exc:
@@ -157,15 +231,23 @@ def load_source(model: ModelInfo, feed: Feed) -> tuple[Any, list[str]]:
         Exception
     ) as exc:  # onnx2torch signals unsupported ops with several exception types (NotImplementedError, KeyError)
         raise BuildError(f"onnx2torch: {type(exc).__name__}: {first_line(exc)[:400]}") from exc
-    return static_shapes(module, [feed[name] for name in model.input_shapes]), output_names
+    modules = [module, *(_sharing_weights(module) for _ in examples[1:])]
+    return [static_shapes(m, [f[n] for n in model.input_shapes]) for m, f in zip(modules, examples)], output_names
+
+
+def _sharing_weights(module: Any) -> Any:
+    """A GraphModule with a copy of `module`'s graph and the same submodules, parameters and buffers."""
+    import torch
+
+    return torch.fx.GraphModule(module, copy.deepcopy(module.graph))
 
 
 def static_shapes(module: Any, example: list[Any]) -> Any:
-    """Specialise onnx2torch's shape-taking modules to the study's fixed input shapes.
+    """Specialise onnx2torch's shape-taking modules to the input shapes of `example` (one served shape).
 
     onnx2torch passes a Reshape's target shape and a Pad's pads as tensors: Dynamo cannot trace
-    `torch.Size(tensor)` (an internal error) and breaks the graph at every `pads.tolist()`. A
-    study's input shapes are fixed, so one eager run through `torch.fx.Interpreter` records each
+    `torch.Size(tensor)` (an internal error) and breaks the graph at every `pads.tolist()`. Each
+    compiled module serves one fixed shape, so one eager run through `torch.fx.Interpreter` records each
     one's concrete arguments and output: a Reshape becomes `torch.reshape` to its output shape, a
     Pad becomes onnx2torch's own static Pad module with the recorded pads.
     """
@@ -226,9 +308,10 @@ def _from_function(target: str, model: ModelInfo) -> Any:
     module, examples = result
     examples = examples if isinstance(examples, tuple | list) else (examples,)
     shapes = [tuple(t.shape) for t in examples]
-    if shapes != [tuple(s) for s in model.input_shapes.values()]:
+    served = [[tuple(inputs[n]) for n in model.input_shapes] for inputs, _ in model.served()]
+    if shapes not in served:
         raise BuildError(
-            f"{target}: example inputs have shapes {shapes}; the study's inputs are {list(model.input_shapes.values())}"
+            f"{target}: example inputs have shapes {shapes}; the study's inputs are {' or '.join(map(str, served))}"
         )
     return module.eval()
 

@@ -1,8 +1,12 @@
-"""A compiled Inductor module with its route's device, precision and memory format (built by `build`, run by `run`)."""
+"""Compiled Inductor modules with their route's device, precision and memory format (built by `build`, run by `run`).
+
+An engine holds one compiled module per input shape it serves (`ModelInfo.served`), each specialised to
+its shape (`dynamic=False`); a call goes to the module compiled for the call's input shapes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,13 +16,19 @@ from tuner.backends.base import Feed
 from tuner.space import Route
 
 DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+Shapes = tuple[tuple[int, ...], ...]  # one shape per model input, in input order
+
+
+def shapes_of(args: list[Any]) -> Shapes:
+    """The shapes of a call's arguments (arrays or tensors), in order."""
+    return tuple(tuple(a.shape) for a in args)
 
 
 @dataclass
 class Engine:
-    """A compiled module with the route's device, precision and memory format."""
+    """Compiled modules, one per served input shape, with the route's device, precision and memory format."""
 
-    fn: Callable[..., Any]
+    fns: dict[Shapes, Callable[..., Any]]  # input shapes -> the module compiled for them
     device: Any  # torch.device
     dtype: Any  # torch.dtype of floating inputs and weights
     tf32: bool
@@ -30,24 +40,27 @@ class Engine:
     @classmethod
     def create(
         cls,
-        module: Any,
+        modules: Mapping[Shapes, Any],
         route: Route,
         device: str,
         input_names: list[str],
         output_names: list[str],
         options: dict[str, Any],
     ) -> Engine:
-        """Move `module` to the device, precision and layout of `route` and wrap it in torch.compile."""
+        """Move each module (keyed by the input shapes it serves) to the device, precision and layout of `route` and
+        wrap it in torch.compile, specialised to its shapes."""
         import torch
 
         dtype = getattr(torch, DTYPES[str(route["precision"])])
         channels_last = bool(route.get("channels_last", False))
-        module = module.to(device=device, dtype=dtype)
-        if channels_last:
-            module = module.to(memory_format=torch.channels_last)
-        compiled = torch.compile(module, options=options)
+        fns = {}
+        for shapes, module in modules.items():
+            module = module.to(device=device, dtype=dtype)
+            if channels_last:
+                module = module.to(memory_format=torch.channels_last)
+            fns[shapes] = torch.compile(module, dynamic=False, options=options)
         return cls(
-            compiled,
+            fns,
             torch.device(device),
             dtype,
             route["precision"] == "tf32",
@@ -86,14 +99,18 @@ class Engine:
         return out
 
     def forward(self, args: list[Any]) -> Any:
-        """One call of the compiled module (asynchronous on CUDA)."""
+        """One call of the module compiled for the arguments' shapes (asynchronous on CUDA)."""
         import torch
 
+        fn = self.fns.get(shapes_of(args))
+        if fn is None:
+            served = " or ".join(str(list(k)) for k in self.fns)
+            raise RuntimeError(f"no module was compiled for input shapes {list(shapes_of(args))}; compiled: {served}")
         self._flags()
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad():
-            return self.fn(*args)
+            return fn(*args)
 
     def outputs(self, result: Any) -> dict[str, np.ndarray]:
         """The module's result as host arrays keyed by the ONNX output names (floating outputs as fp32)."""

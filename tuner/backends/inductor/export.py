@@ -2,9 +2,11 @@
 configuration.
 
 `compile_inductor.py` compiles the study's module as the trial did (`Engine.create`): the device,
-dtype and memory format of the route, TF32 on or off, and `torch.compile(module, options=OPTIONS)`
+dtype and memory format of the route, TF32 on or off, and `torch.compile(module, dynamic=False, options=OPTIONS)`
 with the Inductor configuration the build recorded (its compile mode's settings, its switches and the
-study's `inductor_config`). The artifact, `inductor.tar`, is the code Inductor generated then.
+study's `inductor_config`), once for each input shape the trial was measured at (`SHAPES`: the
+`[[objective.shapes]]`, else the `[model]` shapes). The artifact, `inductor.tar`, is the code Inductor
+generated then.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ SCRIPT, MODEL = "compile_inductor.py", "model.onnx"
 TEMPLATE = '''#!/usr/bin/env python3
 """Compile the exported route with torch.compile as it was measured ({version}, on {device}).
 
-    python3 compile_inductor.py    (runs the compiled module once on inputs of the measured shapes)
+    python3 compile_inductor.py    (compiles the module for each measured shape and runs it once on zeros)
 
-`compiled()` returns the module compiled with this route's Inductor configuration; inductor.tar holds
-the code Inductor generated for it when it was measured (one module per graph), to compare with.
+`compiled(shapes)` returns the module compiled for inputs of `shapes` (one of SHAPES) with this route's
+Inductor configuration; inductor.tar holds the code Inductor generated for each shape when it was measured
+(one module per graph), to compare with.
 """
 
 import os
@@ -39,47 +42,60 @@ DEVICE = {device_type!r}
 DTYPE = torch.{dtype}
 CHANNELS_LAST = {channels_last!r}
 TF32 = {tf32!r}
-INPUTS = {inputs}  # name -> (shape, dtype) as measured
+INPUTS = {inputs}  # name -> dtype
+# The input shapes measured (name -> shape): the trial compiled one module for each.
+SHAPES = {shapes}
 
 
-def source():
-    """The eager module the study tuned."""
+def zeros(shapes):
+    """Zero inputs of `shapes` (name -> shape) in the model's dtypes, on the CPU, in the model's input order."""
+    return [torch.zeros(shapes[name], dtype=getattr(torch, dtype)) for name, dtype in INPUTS.items()]
+
+
+def source(shapes):
+    """The eager module the study tuned, for inputs of `shapes`."""
 {source}
 
 
-def compiled():
-    """The module on the route's device, precision and memory format, compiled as the trial compiled it."""
-    module = source().eval().to(device=DEVICE, dtype=DTYPE)
+def compiled(shapes=SHAPES[0]):
+    """The module on the route's device, precision and memory format, compiled for inputs of `shapes` as the trial
+    compiled it."""
+    module = source(shapes).eval().to(device=DEVICE, dtype=DTYPE)
     if CHANNELS_LAST:
         module = module.to(memory_format=torch.channels_last)
     torch.backends.cuda.matmul.allow_tf32 = TF32
     torch.backends.cudnn.allow_tf32 = TF32
-    return torch.compile(module, options=OPTIONS)
+    return torch.compile(module, dynamic=False, options=OPTIONS)
 
 
 if __name__ == "__main__":
-    args = []
-    for shape, dtype in INPUTS.values():
-        t = torch.zeros(shape, dtype=getattr(torch, dtype), device=DEVICE)
-        args.append(t.to(DTYPE) if t.is_floating_point() else t)
-    with torch.no_grad():
-        out = compiled()(*args)
-    outs = [out] if isinstance(out, torch.Tensor) else list(out.values()) if isinstance(out, dict) else list(out)
-    print([list(o.shape) for o in outs])
+    for shapes in SHAPES:
+        args = [t.to(DEVICE, DTYPE) if t.is_floating_point() else t.to(DEVICE) for t in zeros(shapes)]
+        with torch.no_grad():
+            out = compiled(shapes)(*args)
+        outs = [out] if isinstance(out, torch.Tensor) else list(out.values()) if isinstance(out, dict) else list(out)
+        print([list(o.shape) for o in outs])
 '''
 
 ONNX_SOURCE = """    from onnx2torch import convert
 
     module = convert(os.path.join(HERE, "{model}"))
-    try:  # the tuner fixed onnx2torch's Reshape/Pad arguments to the measured shapes, so Dynamo traces them whole
+    try:  # the tuner fixed onnx2torch's Reshape/Pad arguments to each measured shape, so Dynamo traces them whole
         from tuner.backends.inductor.build import static_shapes
     except ImportError:
         return module
-    return static_shapes(module, [torch.zeros(s, dtype=getattr(torch, d)).numpy() for s, d in INPUTS.values()])"""
+    return static_shapes(module, [t.numpy() for t in zeros(shapes)])"""
 
 FUNCTION_SOURCE = """    from {module_name} import {function}
 
     return {function}()[0]  # backend.options.module: (torch.nn.Module, example inputs)"""
+
+
+def measured_shapes(request: ExportRequest) -> list[dict[str, list[int]]]:
+    """The input shapes the trial was measured (and compiled) at, each name -> shape in the model's input order."""
+    return [{n: list(s["inputs"][n]) for n in request.inputs} for s in request.shapes] or [
+        {n: list(i["shape"]) for n, i in request.inputs.items()}
+    ]
 
 
 def deployment(request: ExportRequest) -> Deployment:
@@ -101,7 +117,8 @@ def deployment(request: ExportRequest) -> Deployment:
         dtype=DTYPES[str(route["precision"])],
         channels_last=bool(route.get("channels_last", False)),
         tf32=route["precision"] == "tf32",
-        inputs={name: (list(i["shape"]), i["dtype"]) for name, i in request.inputs.items()},
+        inputs={name: i["dtype"] for name, i in request.inputs.items()},
+        shapes=pprint.pformat(measured_shapes(request), indent=4, sort_dicts=False),
         source=source,
     )
     files: dict[str, str | bytes | Path] = {SCRIPT: text}
@@ -118,9 +135,9 @@ def deployment(request: ExportRequest) -> Deployment:
         },
         commands=[f"python3 {SCRIPT}"],
         needs=f"python3 with {pins} (pip install {pins})" + (f"; and {target}'s package" if target else ""),
-        run="`from compile_inductor import compiled` gives the compiled module; `inductor.tar` is the code Inductor "
-        f"generated for it when it was measured ({info.get('graphs', '?')} graph(s), code sha256 "
-        f"{str(info.get('code_sha256', ''))[:12]}).",
+        run="`from compile_inductor import compiled` gives the compiled module: `compiled(shapes)` for inputs of one "
+        "of its `SHAPES`; `inductor.tar` is the code Inductor generated for them when it was measured "
+        f"({info.get('graphs', '?')} graph(s), code sha256 {str(info.get('code_sha256', ''))[:12]}).",
         notes=[
             "Inductor compiles on first use and may choose other kernels on another machine or torch version "
             "(autotuning): compare its generated code with inductor.tar."
