@@ -362,8 +362,12 @@ def test_each_served_shape_gets_its_own_compiled_module_also_when_reloaded(tmp_p
 
 @needs_torch
 def test_a_module_function_serves_every_shape_and_its_examples_must_be_one_of_them(
-    tmp_path: Path, shared_cache: str
+    tmp_path: Path, shared_cache: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import torch._dynamo
+
+    torch._dynamo.reset()  # the module's forward is one code object for every shape: its compiled frames count
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)  # against this; the engine raises it by two
     model, feeds = mlp_onnx(tmp_path / "mlp.onnx", batch="batch"), _batch_feeds()
     backend = get_backend("inductor")
     info = _served(model, {"device": "cpu", "module": "tests.test_inductor:mlp_module"})

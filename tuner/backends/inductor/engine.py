@@ -53,6 +53,9 @@ class Engine:
 
         dtype = getattr(torch, DTYPES[str(route["precision"])])
         channels_last = bool(route.get("channels_last", False))
+        # Dynamo keeps at most `recompile_limit` compiled frames per code object, and each module here may add one to
+        # the same one (a backend.options.module module's forward, at every shape and in every engine of the process)
+        torch._dynamo.config.recompile_limit += len(modules)
         fns = {}
         for shapes, module in modules.items():
             module = module.to(device=device, dtype=dtype)
