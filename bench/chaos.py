@@ -24,7 +24,7 @@ seed first) the time to finish against that run.
 
 The study runs on a private PostgreSQL cluster (initdb in a temporary directory, its own port), so it
 can be restarted without touching the shared one; the outage is a TCP proxy on 127.0.0.1 that is cut
-and restored (tests/proxy.py). The work dir is a small tmpfs (mounted here; needs root).
+and restored (tests/proxy.py). The work dir is a tmpfs (mounted here; needs root).
 
 Writes bench/results/chaos.json (one entry per seed, merged with earlier seeds) and prints a table.
 Usage: python bench/chaos.py --seed 1 --outage-s 360   (one seed per call; run seeds in sequence)
@@ -317,7 +317,8 @@ class Seed:
         self.proxy.start()
         self.url = self.cluster.url("chaos", self.proxy.port)
         self.disk.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(self.disk)], check=True)
+        # 512 MB: a trial of this microsecond model keeps about 3.5 MB of samples; 60 trials must fit
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(self.disk)], check=True)
         self.build_log.mkdir()
         conv_model(self.root / "tiny.onnx")
         self.spec.write_text(
