@@ -9,8 +9,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def conv_model(path: Path, size: int = 16, seed: int = 0) -> Path:
-    """A small CNN: Conv-Relu-Conv-Relu-GlobalAveragePool-Flatten-Gemm, input `x` [1,3,size,size] -> `y` [1,10]."""
+def conv_model(path: Path, size: int = 16, seed: int = 0, batch: int | str = 1) -> Path:
+    """A small CNN: Conv-Relu-Conv-Relu-GlobalAveragePool-Flatten-Gemm, input `x` [batch,3,size,size] -> `y`
+    [batch,10] (a `batch` named by a string is a dynamic dimension)."""
     rng = np.random.default_rng(seed)
     inits = [
         numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w1"),
@@ -32,8 +33,8 @@ def conv_model(path: Path, size: int = 16, seed: int = 0) -> Path:
     graph = helper.make_graph(
         nodes,
         "tiny_cnn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -13,7 +13,13 @@ from optuna_dashboard import get_note
 
 from tests.conftest import SpecWriter, tuner
 from tuner import job as J
-from tuner.measure.speedup import min_rounds, signed_rank_counts, speedup_from_log_ratios, speedup_interval
+from tuner.measure.speedup import (
+    min_rounds,
+    mixed_cycles,
+    signed_rank_counts,
+    speedup_from_log_ratios,
+    speedup_interval,
+)
 from tuner.spec import load_spec
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
@@ -123,6 +129,48 @@ def test_judge_declares_a_win_only_when_the_interval_clears_one(factor: float, v
         c["median_ms"] == pytest.approx(4.0 / f) for c, f in zip(doc["candidates"], (factor, min(factor, 1.0)))
     )
     assert len(events) == 2 * doc["rounds"] and events[-1].standings.keys() == {1, 2}
+    assert not any("shapes" in c for c in doc["candidates"]) and "per shape" not in doc["message"]  # one shape
+
+
+SHAPES = ({"x": [1, 3, 16, 16]}, {"x": [8, 3, 16, 16]})
+
+
+def _shaped(rng: np.random.Generator, factors: tuple[float, float]) -> J.Result:
+    """One process of a two-shape study: each shape's paired figures and the mixed cycles (weights 0.7, 0.3)."""
+    per_shape = [_paired(rng, f) for f in factors]
+    mixed = mixed_cycles([r.paired["log_ratios"] for r in per_shape], [0.7, 0.3])
+    s = speedup_from_log_ratios(mixed, 0.95)
+    res = _paired(rng, 1.0)
+    res.latency = {"median": 4.0 / s.estimate}
+    res.paired.update(log_ratios=mixed, speedup=s.estimate, ci=[s.low, s.high])
+    res.paired["shapes"] = [
+        {
+            "inputs": inputs,
+            "weight": weight,
+            "route_ms": r.latency["median"],
+            "default_ms": 4.0,
+            "speedup": r.paired["speedup"],
+            "ci": r.paired["ci"],
+            "log_ratios": r.paired["log_ratios"],
+        }
+        for inputs, weight, r in zip(SHAPES, (0.7, 0.3), per_shape)
+    ]
+    return res
+
+
+def test_each_shape_is_pooled_over_the_processes_at_the_candidates_level() -> None:
+    rng = np.random.default_rng(6)
+    candidate = C.Candidate(_trial(1, "b", 4.0))
+    level = C.interval_level(0.95, 1, 4)
+    stopped = C.run_rounds([candidate], lambda t, r: _shaped(rng, (1.5, 0.9)), 4, level, "median", lambda e: None)
+    doc = C.judge([candidate], level, 0.95, 4, stopped, "median")
+    (row,) = doc["candidates"]
+    fast, slow = row["shapes"]
+    assert [(s["inputs"], s["weight"]) for s in row["shapes"]] == [(SHAPES[0], 0.7), (SHAPES[1], 0.3)]
+    assert fast["ci"][0] > 1.0 and slow["ci"][1] < 1.0  # each shape's own interval, not the mix's
+    assert fast["confidence"] == slow["confidence"] == row["confidence"]  # pooled alike, at the same level
+    assert fast["route_ms"] == pytest.approx(4.0 / 1.5, rel=0.1) and fast["default_ms"] == slow["default_ms"] == 4.0
+    assert "; per shape: x 1x3x16x16 " in doc["message"] and ", x 8x3x16x16 0." in doc["message"], doc["message"]
 
 
 def test_the_confirmation_stops_as_soon_as_the_verdict_is_decided() -> None:

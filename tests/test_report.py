@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -16,9 +17,10 @@ from tuner.report.data import ReportData, collect, importances
 from tuner.spec import load_spec
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
+from tuner.study import verdict as V
 from tuner.study.setup import Context
 from tuner.study.summary import Summary
-from tuner.study.verdict import decide
+from tuner.study.verdict import Headline, decide
 
 FIGURES = {"history", "latency_distribution", "accuracy_vs_latency", "importance", "failure_classes"}
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -104,9 +106,10 @@ def test_importance_needs_enough_feasible_trials() -> None:
     assert scores == {} and "3 feasible trial(s)" in note
 
 
-def test_every_figure_copes_with_an_empty_study(tmp_path: Path) -> None:
-    summary = Summary(
-        study="empty",
+def _empty(study: str) -> Summary:
+    """The summary of a study with no trial."""
+    return Summary(
+        study=study,
         budget=4,
         complete=0,
         pruned=0,
@@ -122,6 +125,10 @@ def test_every_figure_copes_with_an_empty_study(tmp_path: Path) -> None:
         elapsed_s=0.0,
         failure_classes={},
     )
+
+
+def test_every_figure_copes_with_an_empty_study(tmp_path: Path) -> None:
+    summary = _empty("empty")
     data = ReportData(
         study="empty",
         statistic="median",
@@ -138,23 +145,7 @@ def test_every_figure_copes_with_an_empty_study(tmp_path: Path) -> None:
 
 def test_the_page_escapes_every_stored_string_and_leads_with_the_verdict() -> None:
     """Confirmation fields come from the database (a study attribute anyone with access can set): all are escaped."""
-    summary = Summary(
-        study="s",
-        budget=4,
-        complete=0,
-        pruned=0,
-        failed=0,
-        running=0,
-        waiting=0,
-        feasible=0,
-        infeasible=0,
-        requeued=0,
-        cache_hits=0,
-        best=None,
-        baseline=None,
-        elapsed_s=0.0,
-        failure_classes={},
-    )
+    summary = _empty("s")
     evil = "<script>alert(1)</script>"
     conf = {
         "verdict": "speedup",
@@ -180,3 +171,29 @@ def test_the_page_escapes_every_stored_string_and_leads_with_the_verdict() -> No
         "<script" not in html and html.count("&lt;script&gt;") == 6
     )  # message, method, created_at, rounds, trial, failure
     assert html.index(head.sentence) < html.index("<h2>Summary</h2>")
+
+
+def test_the_page_has_a_table_of_each_shape_of_the_route_the_verdict_is_about() -> None:
+    trial = optuna.trial.create_trial(value=1.0)
+    trial.number = 3
+    shapes = tuple(
+        {
+            "inputs": {"<b>x": [n, 3, 16, 16]},
+            "weight": w,
+            "default_ms": 2.0,
+            "route_ms": 2.0 / s,
+            "speedup": s,
+            "ci": ci,
+        }
+        for n, w, s, ci in ((1, 0.7, 1.25, [1.2, 1.3]), (8, 0.3, 0.95, [0.9, 0.99]))
+    )
+    head = Headline(V.SPEEDUP, "Use trial 3.", trial, V.Estimate(1.1, 1.05, 1.15, True), None, 3, 0, shapes)
+    data = ReportData("s", "median", "cosine", 1e-3, _empty("s"), [], None, headline=head)
+    html = page.render(data, {})
+    table = html[html.index("<h2>Per input shape: trial 3</h2>") : html.index("<h2>Fastest feasible routes</h2>")]
+    assert "<td>&lt;b&gt;x 8x3x16x16</td><td>0.3</td><td>2 ms</td><td>2.105 ms</td><td>0.950x</td>" in table
+    assert "1.200x-1.300x" in table and "From the confirmation" in table
+    one = page.render(
+        ReportData("s", "median", "cosine", 1e-3, _empty("s"), [], None, headline=replace(head, shapes=shapes[:1])), {}
+    )
+    assert "Per input shape" not in one  # one shape: the speedup above is that shape's

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna
 import pytest
+from optuna_dashboard import get_note
 
 from tests.conftest import REPO, tuner
 from tests.helpers import trials
+from tests.models import conv_model
 from tuner.errors import SpecError
 from tuner.measure.speedup import Speedup, mixed_cycles, weighted_speedup
 from tuner.spec import load_spec
+from tuner.store.urls import normalize_url
 from tuner.study.setup import Context
 
 X = [1, 3, 16, 16]  # the tiny model's only input, fixed by the graph
@@ -100,6 +104,44 @@ trial_timeout_s = 300
         assert all(s["speedup"] > 0 and s["default_ms"] > 0 and s["route_ms"] > 0 and s["ci"] for s in doc["shapes"])
     assert doc["machine_share"] == {"contention": "shared", "cores": None, "affinity": doc["machine_share"]["affinity"]}
     assert all(t.user_attrs["shapes"][1]["route_ms"] > t.user_attrs["shapes"][0]["route_ms"] for t in done)
+
+
+@pytest.mark.slow
+def test_a_two_shape_confirmation_says_each_shape_and_the_share_of_the_machine(
+    write_spec, pg_url, tmp_path: Path
+) -> None:
+    """The tiny model with a dynamic batch at two shapes, every route the same engine: the confirmation pools each
+    shape apart, and the verdict, the note and the report say each shape's speedup and how the study was timed."""
+    spec = write_spec(
+        **{
+            "model.path": str(conv_model(tmp_path / "batched.onnx", batch="N")),
+            "model.inputs": {"x": {"shape": X}},
+            "objective.shapes": [{"inputs": {"x": X}, "weight": 0.7}, {"inputs": {"x": [4, 3, 16, 16]}, "weight": 0.3}],
+            "backend.name": "tests.backends:SameEngineBackend",
+            "run.budget": 3,
+            "run.startup_trials": 3,
+        }
+    )
+    ran = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "3")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    doc = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url)).user_attrs["confirmation"]
+    (row,) = doc["candidates"]
+    assert [(s["inputs"]["x"][0], s["weight"]) for s in row["shapes"]] == [(1, 0.7), (4, 0.3)], row
+    assert all(s["ci"][0] <= s["speedup"] <= s["ci"][1] and s["confidence"] == row["confidence"] for s in row["shapes"])
+    assert all(s["route_ms"] > 0 and s["default_ms"] > 0 for s in row["shapes"])
+    assert "; per shape: x 1x3x16x16 " in doc["message"] and ", x 4x3x16x16 " in doc["message"], doc["message"]
+    timed = "The study was timed beside other work (contention shared: recorded, not acted on), every core allowed."
+    assert timed in ran.stdout, ran.stdout  # tuner run's last lines
+    best = tuner("best", str(spec), "--storage", pg_url)
+    assert best.returncode == 0, best.stderr[-2000:]
+    headline = best.stdout.splitlines()[0]
+    assert " Per shape: x 1x3x16x16 " in headline and timed in headline, best.stdout
+    note = get_note(optuna.load_study(study_name="tiny", storage=normalize_url(pg_url)))
+    assert " Per shape: x 1x3x16x16 " in note
+    report = tuner("report", str(spec), "--storage", pg_url, "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert f"<h2>Per input shape: trial {row['trial']}</h2>" in html and "<td>x 4x3x16x16</td><td>0.3</td>" in html
 
 
 def test_a_study_with_one_core_times_every_route_on_one_core_and_never_proposes_more_threads(

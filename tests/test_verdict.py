@@ -161,3 +161,23 @@ def test_without_a_feasible_default_no_speedup_is_stated() -> None:
     head = _decide(_study(("a", 10.0, 0.5), ("b", 8.0, -1.0)))
     assert head.verdict == V.UNCONFIRMED and head.estimate is None and head.to_json()["speedup"] is None
     assert "no speedup can be stated" in head.sentence
+
+
+def _shape(batch: int, speedup: float, ci: list[float]) -> dict[str, Any]:
+    return {"inputs": {"x": [batch, 3, 16, 16]}, "weight": 0.5, "speedup": speedup, "ci": ci}
+
+
+def test_with_several_shapes_the_sentence_says_each_shape_s_speedup_from_what_it_stands_on() -> None:
+    measured = [_shape(1, 1.3, [1.2, 1.4]), _shape(8, 0.9, [0.8, 1.0])]
+    paired = {1: {"paired": True, "speedup_paired": 1.1, "speedup_paired_ci": [1.0, 1.2], "shapes": measured}}
+    study = _study(*THREE, paired=paired)
+    head = _decide(study)  # unconfirmed: the trial's own figures
+    assert head.sentence.endswith(" Per shape: x 1x3x16x16 1.30x [1.20-1.40], x 8x3x16x16 0.90x [0.80-1.00].")
+    assert head.shapes == tuple(measured)
+    confirmed = [_shape(1, 1.25, [1.22, 1.28]), _shape(8, 0.95, [0.9, 0.99])]
+    conf = _confirmation("speedup", 1, 1.15, [1.1, 1.2], winner=1, candidates=[{"trial": 1, "shapes": confirmed}])
+    head = _decide(study, conf)  # confirmed: the confirmation's figures, not the study's
+    assert "Per shape: x 1x3x16x16 1.25x [1.22-1.28], x 8x3x16x16 0.95x [0.90-0.99]." in head.sentence
+    assert head.shapes == tuple(confirmed) and "1.30x" not in head.sentence
+    one = _study(*THREE, paired={1: {**paired[1], "shapes": measured[:1]}})
+    assert "Per shape" not in _decide(one).sentence  # one shape: the speedup is that shape's

@@ -222,7 +222,8 @@ class Study:
 
     def status(self) -> dict[str, Any]:
         """Counts by state, the best so far, the speedup, elapsed time and the verdict (`tuner status --json`)."""
-        return status_document(self._load())
+        ctx = self.context()
+        return status_document(ctx, ctx.load())
 
     def best(self) -> dict[str, Any]:
         """The verdict and the route it is about (`tuner best --json`); TunerError while nothing is feasible."""

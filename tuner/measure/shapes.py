@@ -6,7 +6,7 @@ per-shape speedups, its interval combined from theirs (`tuner.measure.speedup.we
 latencies (and the default's) are the weighted geometric means of the per-shape statistics, so the
 study value (baseline latency / speedup) keeps its meaning. Its `log_ratios` are mixed cycles
 (`mixed_cycles`), which racing and the confirmation pool as one shape's cycles. The samples kept are
-the heaviest shape's. Each shape's own figures are kept in `shapes`.
+the heaviest shape's. Each shape's own figures are kept in `shapes`; `per_shape` says them in one line.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from tuner.measure.paired import CAP, PairedResult
 from tuner.measure.speedup import mixed_cycles, weighted_speedup
 from tuner.measure.timing import summarize
+from tuner.spec.shapes import shape_label
 
 
 def heaviest(weights: Sequence[float]) -> int:
@@ -53,6 +54,22 @@ def shape_entry(inputs: Mapping[str, Any], weight: float, r: PairedResult, stati
             ci=[r.speedup.low, r.speedup.high],
         )
     return out
+
+
+def per_shape(entries: Sequence[Mapping[str, Any]]) -> str:
+    """Each shape's speedup and interval in one line ("images 1x3x224x224 1.21x [1.10-1.33], ..."), from entries
+    with `inputs`, `speedup` and `ci` (a trial's, the confirmation's); "" unless there are several shapes, some
+    with a speedup."""
+    if len(entries) < 2 or all(e.get("speedup") is None for e in entries):
+        return ""
+
+    def one(e: Mapping[str, Any]) -> str:
+        if e.get("speedup") is None or not e.get("ci"):
+            return f"{shape_label(e['inputs'])} not timed paired"
+        low, high = e["ci"]
+        return f"{shape_label(e['inputs'])} {e['speedup']:.2f}x [{low:.2f}-{high:.2f}]"
+
+    return ", ".join(one(e) for e in entries)
 
 
 def combined_summary(results: Sequence[PairedResult], weights: Sequence[float]) -> dict[str, Any]:

@@ -11,11 +11,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.store.cache import ResultStore
 from tuner.store.models import Measurement
+from tuner.study.documents import timed_headline
 from tuner.study.outcome import is_feasible
 from tuner.study.racing import Races, races
 from tuner.study.setup import Context
 from tuner.study.summary import Summary, failure_class
-from tuner.study.verdict import Estimate, Headline, study_estimate, study_headline
+from tuner.study.verdict import Estimate, Headline, study_estimate
 
 MIN_IMPORTANCE_TRIALS = 4  # fewer feasible trials say nothing about which knob matters
 
@@ -135,7 +136,7 @@ def _latest_confirm_run(measurements: list[Measurement]) -> list[Measurement]:
 def collect(ctx: Context, study: optuna.Study) -> ReportData:
     """Read the study for a report."""
     frozen = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    summary, headline = study_headline(study)
+    summary, headline = timed_headline(ctx, study)
     confirmation = study.user_attrs.get("confirmation")
     raced = races(study)
     rows = [_row(t, summary.baseline, raced) for t in frozen]

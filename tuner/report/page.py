@@ -9,7 +9,8 @@ from pathlib import Path
 
 from tuner.report.data import ReportData, TrialRow
 from tuner.space import canonical_route
-from tuner.study.verdict import Estimate
+from tuner.spec.shapes import shape_label
+from tuner.study.verdict import UNCONFIRMED, Estimate
 
 CAPTIONS = {
     "history": "Every timed trial's latency; red crosses broke the accuracy tolerance, ticks at the bottom are trials "
@@ -108,6 +109,30 @@ def _confirmed(data: ReportData) -> str:
     )
 
 
+def _shapes(data: ReportData) -> str:
+    """Each input shape's speedup of the route the verdict is about (`Headline.shapes`), when there are several."""
+    head = data.headline
+    if head is None or head.trial is None or len(head.shapes) < 2:
+        return ""
+    source = "its own timing in the study" if head.verdict == UNCONFIRMED else "the confirmation"
+    rows = "".join(
+        f"<tr><td>{escape(shape_label(s['inputs']))}</td><td>{s['weight']:g}</td><td>{_ms(s.get('default_ms'))}</td>"
+        f"<td>{_ms(s.get('route_ms'))}</td>"
+        + (
+            f"<td>{s['speedup']:.3f}x</td><td>{s['ci'][0]:.3f}x-{s['ci'][1]:.3f}x</td>"
+            if s.get("speedup") is not None and s.get("ci")
+            else '<td colspan="2">not timed paired</td>'
+        )
+        + "</tr>"
+        for s in head.shapes
+    )
+    return (
+        f"<h2>Per input shape: trial {head.trial.number}</h2><table><tr><th>input shape</th><th>weight</th>"
+        f"<th>default route</th><th>this route</th><th>speedup</th><th>interval</th></tr>{rows}</table>"
+        f"<p><small>From {source}; the speedup above is the weighted geometric mean over the shapes.</small></p>"
+    )
+
+
 def _top_trials(data: ReportData, limit: int = 10) -> str:
     """The fastest feasible routes, each once (repeats of a route are listed in its row)."""
     routes: dict[str, list[TrialRow]] = {}
@@ -152,6 +177,7 @@ def render(data: ReportData, figures: dict[str, Path]) -> str:
         f"{escape(data.study)}</title>"
         f"<style>{STYLE}</style></head><body><h1>Route Tuner report: {escape(data.study)}</h1>"
         f"{_verdict(data)}<h2>Summary</h2>{_headline(data)}<h2>Confirmation: paired speedups</h2>{_confirmed(data)}"
+        f"{_shapes(data)}"
         f"<h2>Fastest feasible routes</h2>{_top_trials(data)}"
         f"<h2>Failures</h2>{_failures(data)}<h2>Figures</h2>{images}"
         f"<p><small>Generated {stamp} by route-tuner. Export the winner with <code>tuner best SPEC --export "

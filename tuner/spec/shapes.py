@@ -8,6 +8,7 @@ dimensions the model leaves dynamic. The result is what `ObjectiveSpec.shapes` h
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from tuner.spec.model import ModelSpec
@@ -19,6 +20,11 @@ class Failing(Protocol):
     """What reports a study-file error (`tuner.spec.load._Reader.fail`)."""
 
     def fail(self, field: str, expected: str) -> Exception: ...
+
+
+def shape_label(inputs: Mapping[str, Sequence[int]]) -> str:
+    """A shape in words, for a message: "images 8x3x224x224" (every input, in order)."""
+    return ", ".join(f"{name} {'x'.join(map(str, dims)) or 'scalar'}" for name, dims in inputs.items())
 
 
 def read_shapes(r: Failing, entries: Any, model: ModelSpec) -> tuple[dict[str, Any], ...]:

@@ -6,6 +6,7 @@ prints them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -14,15 +15,27 @@ from tuner.errors import TunerError, first_line
 from tuner.events import changes, outcome
 from tuner.study.outcome import is_feasible
 from tuner.study.racing import baseline_trial, races
+from tuner.study.summary import Summary
 from tuner.study.verdict import Headline, study_estimate, study_headline
 
 if TYPE_CHECKING:
     from tuner.study.setup import Context
 
 
-def status_document(study: optuna.Study) -> dict[str, Any]:
-    """`tuner status --json`: counts by state, best so far, elapsed time, and the verdict."""
+def timed_headline(ctx: Context, study: optuna.Study) -> tuple[Summary, Headline]:
+    """The study's summary and headline, its sentence ending with the share of the machine the study was timed with
+    (`tuner.export.machine_share`, in the export README's words)."""
+    from tuner.export import machine_share
+    from tuner.export.readme import share_line
+
     s, head = study_headline(study)
+    share = share_line(machine_share(ctx, head.trial))
+    return s, replace(head, sentence=f"{head.sentence} The study was {share}.")
+
+
+def status_document(ctx: Context, study: optuna.Study) -> dict[str, Any]:
+    """`tuner status --json`: counts by state, best so far, elapsed time, and the verdict."""
+    s, head = timed_headline(ctx, study)
     return {**s.status_json(), **head.to_json()}
 
 
@@ -31,7 +44,7 @@ def verdict_document(ctx: Context, study: optuna.Study) -> tuple[dict[str, Any],
     yet, the same keys about no route (trial, route and value None)."""
     from tuner.export import machine_share, measured_shapes
 
-    s, head = study_headline(study)
+    s, head = timed_headline(ctx, study)
     confirmation = study.user_attrs.get("confirmation")
     trial = head.trial or s.best
     acc = trial.user_attrs.get("accuracy", {}) if trial else {}

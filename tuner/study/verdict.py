@@ -12,6 +12,8 @@ route; `study_speedup` is always the study's estimate: the trial's paired ratio 
 engine, refined where racing re-measured it (`tuner.study.racing.standing`), else the ratio of the
 default's and the trial's values, each measured once and apart in time. Before a confirmation the
 headline is about racing's confirmed best where there is one, else the study's best feasible trial.
+With `[[objective.shapes]]` the headline keeps the per-shape figures its estimate stands on (`shapes`:
+the confirmation's for a confirmed route, else the trial's own) and its sentence says them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from tuner.measure.shapes import per_shape
 from tuner.study.outcome import is_feasible
 from tuner.study.racing import Races, best_confirmed, races, standing
 from tuner.study.summary import Summary, summarize_study
@@ -67,6 +70,7 @@ class Headline:
     study: Estimate | None  # the study's own estimate for `trial`
     export_trial: int | None  # what `tuner best --export` writes: the winner, the default route, or None
     baseline_trial: int | None
+    shapes: tuple[Mapping[str, Any], ...] = ()  # per shape: inputs, weight, speedup, ci, route_ms, default_ms
 
     def to_json(self) -> dict[str, Any]:
         """The verdict keys of `tuner best --json` and `tuner status --json`."""
@@ -128,8 +132,14 @@ def decide(
         low, high = (conf.get("ci") or [None, None])[:2]
         confirmed = Estimate(float(conf["speedup"]), low, high, paired=True)
         export = trial.number if verdict == SPEEDUP else base_no
-        sentence = _confirmed_sentence(verdict, trial.number, confirmed, conf) + _stale(summary, conf)
-        return Headline(verdict, sentence, trial, confirmed, study_estimate(trial, baseline, races), export, base_no)
+        row = next((r for r in conf.get("candidates") or [] if r.get("trial") == trial.number), {})
+        shapes = tuple(row.get("shapes") or ())
+        sentence = (
+            _confirmed_sentence(verdict, trial.number, confirmed, conf) + _per_shape(shapes) + _stale(summary, conf)
+        )
+        return Headline(
+            verdict, sentence, trial, confirmed, study_estimate(trial, baseline, races), export, base_no, shapes
+        )
     if (
         conf
         and not conf.get("candidates")
@@ -151,7 +161,9 @@ def decide(
         best_confirmed(trials, races or {}) or summary.best
     )  # racing's confirmed best, else the study's best feasible
     study = study_estimate(best, baseline, races)
-    return Headline(UNCONFIRMED, _unconfirmed_sentence(summary, best, study, conf), best, study, study, None, base_no)
+    shapes = tuple(best.user_attrs.get("shapes") or ()) if best is not None else ()
+    sentence = _unconfirmed_sentence(summary, best, study, conf) + _per_shape(shapes)
+    return Headline(UNCONFIRMED, sentence, best, study, study, None, base_no, shapes)
 
 
 def _positive(value: Any) -> bool:
@@ -188,6 +200,11 @@ def _confirmed_sentence(verdict: str, trial: int, est: Estimate, conf: Mapping[s
         f"Keep the default route: it is the fastest (best candidate, trial {trial}, {est.speedup:.2f}x, {interval}); "
         "`tuner best --export DIR` writes the default route."
     )
+
+
+def _per_shape(shapes: Sequence[Mapping[str, Any]]) -> str:
+    text = per_shape(shapes)
+    return f" Per shape: {text}." if text else ""
 
 
 def _stale(summary: Summary, conf: Mapping[str, Any]) -> str:

@@ -38,6 +38,7 @@ from tuner.measure.judge import Judge, judge_of
 from tuner.measure.memory import MemoryProbe
 from tuner.measure.reference import load_reference
 from tuner.measure.user_metric import MetricError
+from tuner.spec.shapes import shape_label
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.lifeline import die_with_parent
 from tuner.worker.timing import GPU_CLOCKS, TimedShape, time_trial
@@ -53,10 +54,6 @@ class ShapeFeeds:
     weight: float
     feeds: list[Feed]
     reference: list[Outputs]
-
-    def label(self) -> str:
-        """The shape in words, for a message."""
-        return ", ".join(f"{k} {v}" for k, v in self.inputs.items())
 
 
 @dataclass
@@ -154,7 +151,7 @@ def load_phase(t: Trial, artifact: Artifact) -> Runner:
 
 
 def _at(t: Trial, s: ShapeFeeds) -> str:
-    return f" at {s.label()}" if len(t.sets) > 1 else ""
+    return f" at {shape_label(s.inputs)}" if len(t.sets) > 1 else ""
 
 
 def _worst_of(per_shape: list[dict[str, float]]) -> dict[str, float]:

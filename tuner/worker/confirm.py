@@ -26,6 +26,10 @@ by other work on the host (`contended` in its paired summary) is kept but decide
 run again, up to CONTENDED_EXTRA extra rounds; when MIN_ROUNDS rounds gave no uncontended process
 at all the confirmation stops and says the host was busy.
 
+With `[[objective.shapes]]` a process's per-shape figures are pooled too, shape by shape, at the same
+level: each candidate row gets `shapes` (inputs, weight, `speedup`, `ci`, the median `route_ms` and
+`default_ms`), and the message says the per-shape speedups (`tuner.measure.shapes.per_shape`).
+
 The result is stored as the study user attribute "confirmation", with what it confirmed (the
 candidates, the default, the settings: `is_current` tells whether it still holds), and the raw
 samples as measurements of kind "confirm" (the candidate's and the default's of each process).
@@ -50,6 +54,7 @@ from optuna.trial import FrozenTrial
 
 from tuner import job as J
 from tuner.errors import TunerError
+from tuner.measure.shapes import per_shape
 from tuner.measure.speedup import Speedup, pooled_speedup
 from tuner.space import canonical_route
 from tuner.store.cache import ResultStore, new_run_id
@@ -77,17 +82,19 @@ METHOD = (
 NOTHING_TO_CONFIRM = "nothing-to-confirm"  # a confirmation outcome; the other verdicts are `tuner.study.verdict`'s
 
 
-@dataclass
-class Candidate:
-    """One candidate route's measurements against the default: one entry per uncontended process."""
+@dataclass(kw_only=True)
+class Pooled:
+    """Paired measurements of one route (or of one route at one input shape): one entry per uncontended process."""
 
-    trial: FrozenTrial
     log_ratios: list[list[float]] = field(default_factory=list)  # per-cycle log(default / candidate) of each process
     latency_ms: list[float] = field(default_factory=list)  # the candidate's statistic in each process
     default_ms: list[float] = field(default_factory=list)  # the default's statistic in the same processes
-    contended: int = 0  # processes whose timing stayed contended: kept, not pooled
-    loads: list[dict[str, Any]] = field(default_factory=list)  # each timed process's contention summary
-    failure: str = ""
+
+    def add(self, log_ratios: list[float], latency_ms: float, default_ms: float | None) -> None:
+        """Keep one process's cycles and both engines' statistic."""
+        self.log_ratios.append([float(d) for d in log_ratios])
+        self.latency_ms.append(float(latency_ms))
+        self.default_ms.append(float("nan") if default_ms is None else float(default_ms))
 
     def pooled(self, level: float) -> Speedup | None:
         """The pooled speedup at `level`, or None before any process gave an interval."""
@@ -95,6 +102,42 @@ class Candidate:
             return pooled_speedup(self.log_ratios, level, few=True)
         except ValueError:
             return None
+
+
+@dataclass
+class Candidate(Pooled):
+    """One candidate route's measurements against the default, and (`[[objective.shapes]]`) each shape's."""
+
+    trial: FrozenTrial
+    contended: int = 0  # processes whose timing stayed contended: kept, not pooled
+    loads: list[dict[str, Any]] = field(default_factory=list)  # each timed process's contention summary
+    failure: str = ""
+    shapes: list[tuple[dict[str, Any], float, Pooled]] = field(default_factory=list)  # (inputs, weight, its figures)
+
+    def add_shapes(self, entries: list[dict[str, Any]]) -> None:
+        """Keep one process's per-shape figures (`tuner.measure.shapes.shape_entry`), shape by shape."""
+        if not self.shapes:
+            self.shapes = [(dict(e["inputs"]), float(e["weight"]), Pooled()) for e in entries]
+        for (_, _, figures), e in zip(self.shapes, entries):
+            figures.add(e.get("log_ratios") or [], e["route_ms"], e.get("default_ms"))
+
+    def shape_rows(self, level: float) -> list[dict[str, Any]]:
+        """Each shape's pooled speedup and interval at `level` and both engines' median statistic (ms)."""
+        rows = []
+        for inputs, weight, figures in self.shapes:
+            s = figures.pooled(level)
+            rows.append(
+                {
+                    "inputs": inputs,
+                    "weight": weight,
+                    "route_ms": _median(figures.latency_ms),
+                    "default_ms": _median(figures.default_ms),
+                    "speedup": s.estimate if s else None,
+                    "ci": [s.low, s.high] if s else None,
+                    "confidence": s.confidence if s else None,
+                }
+            )
+        return rows
 
 
 @dataclass(frozen=True)
@@ -371,9 +414,9 @@ def _add(c: Candidate, res: J.Result, statistic: str) -> tuple[Speedup | None, b
     if p.get("contended"):
         c.contended += 1
         return own, True
-    c.log_ratios.append([float(d) for d in p["log_ratios"]])
-    c.latency_ms.append(float(res.latency[statistic]))
-    c.default_ms.append(float((p.get("baseline_latency") or {}).get(statistic, "nan")))
+    c.add(p["log_ratios"], res.latency[statistic], (p.get("baseline_latency") or {}).get(statistic))
+    if p.get("shapes"):
+        c.add_shapes(p["shapes"])
     return own, False
 
 
@@ -396,6 +439,8 @@ def judge(
             row["failure"] = c.failure or "no uncontended measurement"
         else:
             row.update(s.to_dict(), median_ms=statistics.median(c.latency_ms), default_median_ms=_median(c.default_ms))
+            if c.shapes:
+                row["shapes"] = c.shape_rows(level)
             judged.append((c, s))
         rows.append(row)
     rounds = max((len(c.log_ratios) for c in candidates), default=0)
@@ -441,6 +486,9 @@ def judge(
             f"no significant speedup over the default route: best candidate trial {entry.trial.number} at "
             f"{s.estimate:.3f}x ({interval} {short})",
         )
+    shapes = per_shape(entry.shape_rows(level))
+    if shapes:
+        message += f"; per shape: {shapes}"
     if base["contention"].get("contended_processes"):
         c = base["contention"]
         took = f" (other work took {c['others_cores']:.2f} cores on average)" if "others_cores" in c else ""
