@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tuner.spec import load_spec, resolve_storage  # noqa: E402
+from tuner.study import attrs as A  # noqa: E402
 from tuner.study.setup import Context  # noqa: E402
 from tuner.worker.confirm import confirm  # noqa: E402
 
@@ -43,10 +44,10 @@ def main() -> None:
     trials = [
         t
         for t in study.get_trials(deepcopy=False)
-        if "overhead_s" in t.user_attrs and not t.user_attrs.get("cache_hit")
+        if A.OVERHEAD_S in t.user_attrs and not t.user_attrs.get(A.CACHE_HIT)
     ]
-    overhead = [t.user_attrs["overhead_s"] for t in trials]
-    wall = [t.user_attrs["trial_wall_s"] for t in trials]
+    overhead = [t.user_attrs[A.OVERHEAD_S] for t in trials]
+    wall = [t.user_attrs[A.TRIAL_WALL_S] for t in trials]
     cand = doc["candidates"][0] if doc.get("candidates") else {}
     result = {
         "benchmark": "default-vs-winner",

@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from tests.conftest import to_toml  # noqa: E402
 from tests.models import conv_model  # noqa: E402
 from tuner.store.urls import normalize_url  # noqa: E402
+from tuner.study import attrs as A  # noqa: E402
 from tuner.worker.forkserver import ENABLE_ENV as FORK_ENV  # noqa: E402
 
 
@@ -78,12 +79,12 @@ def cycle_overheads(trials: Sequence[FrozenTrial]) -> list[float]:
     out: list[float] = []
     by_worker: dict[str, list[FrozenTrial]] = {}
     for t in trials:
-        if t.datetime_start and "trial_wall_s" in t.user_attrs and "overhead_s" in t.user_attrs:
-            by_worker.setdefault(str(t.user_attrs.get("worker", "")), []).append(t)
+        if t.datetime_start and A.TRIAL_WALL_S in t.user_attrs and A.OVERHEAD_S in t.user_attrs:
+            by_worker.setdefault(str(t.user_attrs.get(A.WORKER, "")), []).append(t)
     for ts in by_worker.values():
         ts.sort(key=lambda t: t.datetime_start)
         for a, b in zip(ts, ts[1:]):
-            child = float(a.user_attrs["trial_wall_s"]) - float(a.user_attrs["overhead_s"])
+            child = float(a.user_attrs[A.TRIAL_WALL_S]) - float(a.user_attrs[A.OVERHEAD_S])
             out.append((b.datetime_start - a.datetime_start).total_seconds() - child)
     return out
 
@@ -136,7 +137,7 @@ def run_once(
     cpu_after, load_after = cpu_times(), os.getloadavg()
     ts = [t for t in optuna.load_study(study_name=name, storage=normalize_url(url)).trials if t.datetime_complete]
     _drop(admin, url)
-    overhead = [float(t.user_attrs["overhead_s"]) for t in ts if "overhead_s" in t.user_attrs]
+    overhead = [float(t.user_attrs[A.OVERHEAD_S]) for t in ts if A.OVERHEAD_S in t.user_attrs]
     cycle = cycle_overheads(ts)
     span = (max(t.datetime_complete for t in ts) - min(t.datetime_start for t in ts)).total_seconds()
     busy = (cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1)

@@ -38,6 +38,7 @@ from bench.landscape.strategies import DEFAULT_SET, STRATEGIES, TRIAL_CAP  # noq
 from bench.landscape.truth import Truth  # noqa: E402
 from tuner.backends.replay.landscape import load_landscape  # noqa: E402
 from tuner.spec import RunSpec  # noqa: E402
+from tuner.study import attrs as A  # noqa: E402
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -238,7 +239,7 @@ def transfer_run(task: tuple[Scenario, tuple[Scenario, ...], int, int]) -> tuple
             sim.run(budget, CHECKPOINTS, TRIAL_CAP * budget)
             out[label] = score(Run(sim.steps, sim.confirmed, sim.remeasures, sim.seconds), truth, budget)
             out[label]["sources"] = [
-                e["study"] for e in (sim.study.user_attrs.get("warm_start") or {}).get("sources", [])
+                e["study"] for e in (sim.study.user_attrs.get(A.WARM_START) or {}).get("sources", [])
             ]
     return target.name, seed, out
 

@@ -23,6 +23,7 @@ from tuner.measure.speedup import (
 from tuner.spec import load_spec
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
+from tuner.study import attrs as A
 from tuner.study import verdict as V
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
@@ -328,7 +329,7 @@ def test_a_stored_confirmation_says_what_it_confirmed_and_whether_it_still_holds
     doc = C.judge_study(
         study, "median", lambda t, r: _paired(rng, 1.3 if t.number == 1 else 1.0), top_k=2, log=lambda line: None
     )
-    study.set_user_attr(C.ATTR, {**doc, "settings": C.settings(ctx, 2, 0.95, C.DEFAULT_ROUNDS)})
+    study.set_user_attr(A.CONFIRMATION, {**doc, "settings": C.settings(ctx, 2, 0.95, C.DEFAULT_ROUNDS)})
     assert doc["candidate_trials"] == [1, 2] and doc["baseline_trial"] == 0 and doc["verdict"] == V.SPEEDUP
     assert C.is_current(ctx, study, top_k=2)
     assert not C.is_current(ctx, study, top_k=1) and not C.is_current(

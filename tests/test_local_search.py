@@ -9,8 +9,8 @@ from optuna.trial import TrialState
 from tuner.space import Param, SearchSpace, canonical_route
 from tuner.space.groups import knob_groups
 from tuner.spec import RunSpec
+from tuner.study import attrs as A
 from tuner.study import warm_start
-from tuner.study.local_search import WARM_START_ATTR
 from tuner.study.sampler import sampler_for
 
 SPACE = SearchSpace(
@@ -116,7 +116,7 @@ def test_a_warm_start_takes_other_models_winners_never_the_same_models(tmp_path)
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert [t.user_attrs.get("source") for t in waiting] == ["baseline", "warm-start"]  # after the default
     assert waiting[1].system_attrs["fixed_params"] == SPACE.complete({"precision": "fp16", "keep": "none"})
-    assert len(study.user_attrs[WARM_START_ATTR]["observations"]) == 2
+    assert len(study.user_attrs[A.WARM_START]["observations"]) == 2
 
 
 def test_a_route_projects_onto_another_space() -> None:

@@ -258,6 +258,54 @@ def test_no_module_but_the_adapter_touches_optuna_private_members() -> None:
     assert offenders == []
 
 
+LITERALS_LEFT = {"tuner/worker/loop.py"}  # still names attributes by strings; each must be declared all the same
+
+
+def _attribute_literals(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every string literal passed to `user_attrs[...]`, `user_attrs.get(...)` or
+    `set_user_attr(...)` in `source`."""
+    import ast
+
+    def is_attrs(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "user_attrs") or (
+            isinstance(node, ast.Name) and node.id == "user_attrs"
+        )
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        key: ast.expr | None = None
+        if isinstance(node, ast.Subscript) and is_attrs(node.value):
+            key = node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr == "set_user_attr" or (node.func.attr == "get" and is_attrs(node.func.value)):
+                key = node.args[0]
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            found.append((node.lineno, key.value))
+    return found
+
+
+def test_user_attributes_are_named_by_their_declarations() -> None:
+    """Outside `tuner.study.attrs` code names a trial or study attribute by its constant there, never by a string of
+    its own; where strings remain (LITERALS_LEFT) each is a declared name."""
+    from tuner.study import attrs
+
+    declared = [v for k, v in vars(attrs).items() if k.isupper() and isinstance(v, str)]
+    assert len(declared) == len(set(declared)) > 40  # each name once
+    sample = (
+        't.user_attrs.get("a")\ns.set_user_attr("b", 1)\nuser_attrs["c"]\nt.user_attrs.get(A.D)\n# t.user_attrs["e"]'
+    )
+    assert sorted(_attribute_literals(sample)) == [(1, "a"), (2, "b"), (3, "c")]  # the check can fail
+    offenders = []
+    for path in sorted((REPO / "tuner").rglob("*.py")) + sorted((REPO / "bench").rglob("*.py")):
+        where = str(path.relative_to(REPO))
+        if path.name == "attrs.py" or where == "bench/measurement.py":  # its reader runs under another version's code
+            continue
+        for line, name in _attribute_literals(path.read_text()):
+            if where not in LITERALS_LEFT or name not in declared:
+                offenders.append(f"{where}:{line}: {name!r}")
+    assert offenders == []
+
+
 # -- the import structure --------------------------------------------------------------------
 
 

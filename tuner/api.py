@@ -35,6 +35,7 @@ from tuner.spec import Spec, load_spec, make_storage_dir, resolve_storage, spec_
 from tuner.spec.toml import dumps
 from tuner.store.db import STOP, is_db_fault
 from tuner.store.urls import mask_url
+from tuner.study import attrs as A
 from tuner.study.documents import best_document, status_document, trial_documents, verdict_document
 from tuner.study.setup import Context
 
@@ -134,7 +135,7 @@ class Study:
         study = prepare(ctx)
         if not gpu_list:
             claim_device(ctx)  # CPU workers share this machine: refuse other hardware once, here
-        study.set_user_attr("budget", budget)
+        study.set_user_attr(A.BUDGET, budget)
         pool = Pool(ctx.spec.path, ctx.url, budget, workers or ctx.spec.run.workers, gpu_list)
         emit(
             PhaseEvent(

@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import first_line
+from tuner.study import attrs as A
 from tuner.study.outcome import UNCOUNTED, is_feasible
 from tuner.study.racing import baseline_trial, races
 from tuner.study.verdict import Estimate, study_estimate
@@ -88,7 +89,7 @@ def outcome(t: FrozenTrial) -> str:
     """A finished trial's outcome in one word."""
     if is_feasible(t):
         return "feasible"
-    return str(t.user_attrs.get("failure_class") or ("infeasible" if t.state == TrialState.COMPLETE else t.state.name))
+    return str(t.user_attrs.get(A.FAILURE_CLASS) or ("infeasible" if t.state == TrialState.COMPLETE else t.state.name))
 
 
 def changes(t: FrozenTrial, default: dict[str, Any]) -> dict[str, Any]:
@@ -114,9 +115,9 @@ class TrialWatcher:
         if not new:
             return []
         self.seen.update(_key(t) for t in new)
-        default = dict(self.study.user_attrs.get("default_route") or {})
+        default = dict(self.study.user_attrs.get(A.DEFAULT_ROUTE) or {})
         base, raced = baseline_trial(trials), races(self.study)
-        counted = [t for t in trials if t.state.is_finished() and t.user_attrs.get("failure_class") not in UNCOUNTED]
+        counted = [t for t in trials if t.state.is_finished() and t.user_attrs.get(A.FAILURE_CLASS) not in UNCOUNTED]
         durations = [t.duration.total_seconds() for t in counted if t.duration]
         left = max(0, self.budget - len(counted))
         eta = statistics.median(durations) * left / max(1, self.workers) if durations else None
@@ -128,7 +129,7 @@ class TrialWatcher:
                 outcome=outcome(t),
                 value=t.value,
                 speedup=study_estimate(t, base, raced) if is_feasible(t) else None,
-                message="" if is_feasible(t) else first_line(str(t.user_attrs.get("message", ""))),
+                message="" if is_feasible(t) else first_line(str(t.user_attrs.get(A.MESSAGE, ""))),
                 done=len(counted),
                 budget=self.budget,
                 eta_s=eta,

@@ -251,6 +251,7 @@ def run_bounded(cmd: list[str], log: Any, timeout: float) -> int | str:
 
 def collect(spec: Any, storage: str, wall: float) -> dict[str, Any]:
     """Per-trial facts and the study summary from the database and the trials' result.json files."""
+    from tuner.study import attrs as A
     from tuner.study.setup import Context
     from tuner.study.summary import summarize_study
 
@@ -267,27 +268,27 @@ def collect(spec: Any, storage: str, wall: float) -> dict[str, Any]:
                 "state": t.state.name,
                 "params": t.params,
                 "value_ms": t.value,
-                "failure_class": t.user_attrs.get("failure_class", ""),
-                "message": t.user_attrs.get("message", "")[:300],
-                "worker": t.user_attrs.get("worker"),
-                "build_s": t.user_attrs.get("build_s"),
-                "latency_ms": t.user_attrs.get("latency_ms"),
-                "accuracy": t.user_attrs.get("accuracy"),
+                "failure_class": t.user_attrs.get(A.FAILURE_CLASS, ""),
+                "message": t.user_attrs.get(A.MESSAGE, "")[:300],
+                "worker": t.user_attrs.get(A.WORKER),
+                "build_s": t.user_attrs.get(A.BUILD_S),
+                "latency_ms": t.user_attrs.get(A.LATENCY_MS),
+                "accuracy": t.user_attrs.get(A.ACCURACY),
                 "wall_s": (t.datetime_complete - t.datetime_start).total_seconds()
                 if t.datetime_complete and t.datetime_start
                 else None,
                 "timing_info": result.get("timing_info"),
                 "artifact_bytes": result.get("artifact_bytes"),
-                "speedup_paired": t.user_attrs.get("speedup_paired"),
-                "speedup_paired_ci": t.user_attrs.get("speedup_paired_ci"),
-                "timing": t.user_attrs.get("timing"),
+                "speedup_paired": t.user_attrs.get(A.SPEEDUP_PAIRED),
+                "speedup_paired_ci": t.user_attrs.get(A.SPEEDUP_PAIRED_CI),
+                "timing": t.user_attrs.get(A.TIMING),
             }
         )
     finished = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED", "FAIL")]
     builds = [t["build_s"] for t in trials if t["build_s"] is not None]
     return {
         "summary": summary.status_json(),
-        "default_route": study.user_attrs.get("default_route"),
+        "default_route": study.user_attrs.get(A.DEFAULT_ROUTE),
         "best_route": summary.best.params if summary.best else None,
         "trials_per_hour": round(len(finished) / (summary.elapsed_s / 3600), 1) if summary.elapsed_s else None,
         "trials_per_hour_wall": round(len(finished) / (wall / 3600), 1) if wall else None,

@@ -122,6 +122,7 @@ def to_landscape(spec_path: Path, storage: str, out: Path) -> dict[str, Any]:
     from tuner.backends.replay.landscape import feed_key, outputs_key
     from tuner.space import route_hash
     from tuner.store.cache import ResultStore
+    from tuner.study import attrs as A
     from tuner.study.setup import Context
 
     rec = Recorder(spec_path, out, rounds=1)
@@ -131,25 +132,25 @@ def to_landscape(spec_path: Path, storage: str, out: Path) -> dict[str, Any]:
     feeds = [feed_key(f) for f in ctx.feeds]
     done: dict[str, dict[int, dict[str, Any]]] = {}
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-        status = t.user_attrs.get("failure_class") or (J.OK if t.state.name == "COMPLETE" else "")
+        status = t.user_attrs.get(A.FAILURE_CLASS) or (J.OK if t.state.name == "COMPLETE" else "")
         if t.state.name not in FINISHED or status in (J.LOST, J.INTERRUPTED, "") or not t.params:
             continue
         key = route_hash(t.params)
         if key in done:
             continue
-        timing = t.user_attrs.get("timing") or {}
+        timing = t.user_attrs.get(A.TIMING) or {}
         entry: dict[str, Any] = {
             "key": key,
             "round": 0,
             "route": dict(t.params),
             "status": status,
             "phase": "",
-            "message": str(t.user_attrs.get("message", ""))[:500],
-            "build_s": t.user_attrs.get("build_s"),
+            "message": str(t.user_attrs.get(A.MESSAGE, ""))[:500],
+            "build_s": t.user_attrs.get(A.BUILD_S),
             "samples_ms": [round(s, 5) for s in samples.get(t.number, [])],
-            "accuracy": _finite((t.user_attrs.get("accuracy") or {}).get("value")),
-            "speedup_paired": t.user_attrs.get("speedup_paired"),
-            "speedup_paired_ci": t.user_attrs.get("speedup_paired_ci"),
+            "accuracy": _finite((t.user_attrs.get(A.ACCURACY) or {}).get("value")),
+            "speedup_paired": t.user_attrs.get(A.SPEEDUP_PAIRED),
+            "speedup_paired_ci": t.user_attrs.get(A.SPEEDUP_PAIRED_CI),
             "t": t.datetime_complete.timestamp() if t.datetime_complete else 0.0,
             "load1": _first(timing.get("loadavg_before")),
         }

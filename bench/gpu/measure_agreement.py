@@ -68,6 +68,7 @@ def main() -> None:
 def study(args: argparse.Namespace) -> dict[str, Any]:
     """Prepare the study with the enqueued candidate, run it, and collect the trials with their paired attributes."""
     from tuner.spec import load_spec
+    from tuner.study import attrs as A
     from tuner.study.setup import Context, prepare
 
     spec = load_spec(args.spec)
@@ -76,7 +77,7 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     storage = f"sqlite:///{spec.work_dir / 'study.db'}"
     ctx = Context(spec, storage)
     route = {**ctx.space.default_route(), **args.enqueue}
-    prepare(ctx).enqueue_trial(route, user_attrs={"source": "bench"})
+    prepare(ctx).enqueue_trial(route, user_attrs={A.SOURCE: "bench"})
     racing_off = args.spec.with_name(f".{args.spec.stem}-norace.toml")
     racing_off.write_text(args.spec.read_text().replace("[run]\n", "[run]\nracing = false\n"))
     cmd = [

@@ -44,6 +44,7 @@ from tuner.backends.replay.run import CLOCK
 from tuner.measure.exclusive import LOCK_DIR_ENV
 from tuner.objective import ObjectiveSpec
 from tuner.space import Route, route_hash
+from tuner.study import attrs as A
 from tuner.study import outcome, racing, warm_start
 from tuner.study.reuse import StoredArtifactBackend
 from tuner.study.setup import enqueue_start, seed_routes
@@ -127,7 +128,7 @@ class Simulation:
         seeds = seed_routes(self.backend, self.model, self.space) if self.recommended else []
         enqueue_start(self.study, self.space, seeds, budget=10**9)
         if self.warm_start:
-            warm_start.warm_start(self.study, storage, self.space, self.study.user_attrs["backend"], identity)
+            warm_start.warm_start(self.study, storage, self.space, self.study.user_attrs[A.BACKEND], identity)
 
     # -- the worker's loop ------------------------------------------------------------------------
 
@@ -198,7 +199,7 @@ class Simulation:
 
     def engine(self, trial: FrozenTrial) -> dict[str, Any] | None:
         """A trial's stored artifact as a job's `baseline` (`tuner.worker.race.Racer.baseline_engine`'s form)."""
-        sha = trial.user_attrs.get("artifact_sha256")
+        sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
         path = self.artifacts.get(sha) if sha else None
         return {"trial": trial.number, "path": path, "sha256": sha, "route": dict(trial.params)} if path else None
 
@@ -248,7 +249,7 @@ class Simulation:
 
     def rerun(self, trial: FrozenTrial, label: str, **pairing: Any) -> J.Result:
         """The child on `trial`'s stored artifact (racing and confirmation runs: `tuner.study.reuse`)."""
-        sha = trial.user_attrs.get("artifact_sha256")
+        sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
         path = self.artifacts.get(sha) if sha else None
         backend = StoredArtifactBackend(self.backend, Path(path) if path else None, sha)
         return self.child(dict(trial.params), backend, f"{label}-{self.runs:06d}", **pairing)
@@ -279,7 +280,7 @@ class Simulation:
                 **entry,
                 **racing.after_remeasure(entry, self.cycles.get(number, []), failure, base.value),
             }
-            self.study.set_user_attr(racing.ATTR, doc)
+            self.study.set_user_attr(A.RACING, doc)
 
     def raced(self) -> str:
         """The fastest route racing has confirmed so far (`racing.best_confirmed`), else the default."""

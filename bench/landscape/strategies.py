@@ -32,6 +32,7 @@ from bench.landscape.truth import Truth
 from tuner import job as J
 from tuner.space import Route, SearchSpace, route_hash
 from tuner.spec import RunSpec
+from tuner.study import attrs as A
 from tuner.study.sampler import sampler_for
 
 TRIAL_CAP = 3  # a run stops after TRIAL_CAP x budget trials, whatever its builds
@@ -84,7 +85,7 @@ class Strategy:
                     sim.confirmed,
                     sim.remeasures,
                     sim.seconds,
-                    list((sim.study.user_attrs.get("warm_start") or {}).get("sources", [])),
+                    list((sim.study.user_attrs.get(A.WARM_START) or {}).get("sources", [])),
                 )
             ev = Direct(
                 Simulation(truth, optuna.samplers.RandomSampler(seed), Path(tmp), share, seed, recommended=False),

@@ -24,6 +24,7 @@ from tuner.export.readme import FILES, Measured, readme
 from tuner.export.writer import ExportWriter
 from tuner.space import SearchSpace
 from tuner.store.cache import ResultStore
+from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
 from tuner.study.racing import baseline_trial, races
 from tuner.study.verdict import SPEEDUP, Headline, study_estimate
@@ -83,12 +84,12 @@ def measured_shapes(ctx: Context, trial: FrozenTrial | None = None) -> list[dict
     if trial is None:
         return declared
     a = trial.user_attrs
-    measured = a.get("shapes") or [
+    measured = a.get(A.SHAPES) or [
         {
-            "default_ms": (a.get("measured_ms") or {}).get("default"),
-            "route_ms": (a.get("measured_ms") or {}).get("trial"),
-            "speedup": a.get("speedup_paired"),
-            "ci": a.get("speedup_paired_ci"),
+            "default_ms": (a.get(A.MEASURED_MS) or {}).get("default"),
+            "route_ms": (a.get(A.MEASURED_MS) or {}).get("trial"),
+            "speedup": a.get(A.SPEEDUP_PAIRED),
+            "ci": a.get(A.SPEEDUP_PAIRED_CI),
         }
     ]
     keys = ("default_ms", "route_ms", "speedup", "ci")
@@ -99,15 +100,15 @@ def machine_share(ctx: Context, trial: FrozenTrial | None = None) -> dict[str, A
     """The deployment's share of the machine the study was timed with: contention mode, cores, and (with a trial)
     the cores its timing ran on."""
     out: dict[str, Any] = {"contention": ctx.spec.objective.contention, "cores": ctx.spec.objective.cores}
-    if trial is not None and trial.user_attrs.get("affinity") is not None:
-        out["affinity"] = trial.user_attrs["affinity"]
+    if trial is not None and trial.user_attrs.get(A.AFFINITY) is not None:
+        out["affinity"] = trial.user_attrs[A.AFFINITY]
     return out
 
 
 def export_trial(ctx: Context, doc: dict[str, Any], choice: tuple[FrozenTrial, str], out: Path) -> str:
     """Write the chosen trial's deployable export into `out`; one line saying what was written."""
     trial, reason = choice
-    sha = trial.user_attrs.get("artifact_sha256")
+    sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
     record = ResultStore(ctx.url).artifact(sha) if sha else None
     if record is None or not Path(record.path).exists():
         raise TunerError(
@@ -115,19 +116,19 @@ def export_trial(ctx: Context, doc: dict[str, Any], choice: tuple[FrozenTrial, s
             "export it where the study ran"
         )
     study = ctx.load()
-    environment = trial.user_attrs.get("environment")
+    environment = trial.user_attrs.get(A.ENVIRONMENT)
     request = ExportRequest(
         route=dict(trial.params),
         artifact=Path(record.path),
-        build_info=dict(trial.user_attrs.get("build_info") or {}),
+        build_info=dict(trial.user_attrs.get(A.BUILD_INFO) or {}),
         model=ctx.model_info,
         work_dir=ctx.work_dir,
         inputs=model_inputs(ctx),
         shapes=measured_shapes(ctx, trial),
-        backend_version=str((environment or {}).get("version") or study.user_attrs.get("backend_version") or ""),
+        backend_version=str((environment or {}).get("version") or study.user_attrs.get(A.BACKEND_VERSION) or ""),
     )
     deployment = ctx.backend.deployment(request)
-    changes = change_lines(trial.params, dict(study.user_attrs.get("default_route") or {}), route_space(ctx))
+    changes = change_lines(trial.params, dict(study.user_attrs.get(A.DEFAULT_ROUTE) or {}), route_space(ctx))
     with ExportWriter(out) as writer:
         writer.copy(deployment.artifact_name, request.artifact, sha)
         files = _write_native(writer, deployment)
@@ -198,7 +199,7 @@ def _measured(
 ) -> Measured:
     trials = study.get_trials(deepcopy=False)
     base = baseline_trial(trials)
-    acc = dict(trial.user_attrs.get("accuracy") or {})
+    acc = dict(trial.user_attrs.get(A.ACCURACY) or {})
     return Measured(
         study=ctx.spec.study,
         backend=ctx.spec.backend.name,
@@ -210,9 +211,9 @@ def _measured(
         baseline_ms=base.value if base is not None else None,
         speedup=study_estimate(trial, base, races(study)),
         accuracy={**acc, "tolerance": ctx.spec.accuracy.tolerance},
-        artifact_bytes=trial.user_attrs.get("artifact_bytes"),
-        peak_memory_mb=trial.user_attrs.get("peak_memory_mb"),
-        memory_kind=str(trial.user_attrs.get("memory_kind", "")),
+        artifact_bytes=trial.user_attrs.get(A.ARTIFACT_BYTES),
+        peak_memory_mb=trial.user_attrs.get(A.PEAK_MEMORY_MB),
+        memory_kind=str(trial.user_attrs.get(A.MEMORY_KIND, "")),
         shapes=measured_shapes(ctx, trial),
         share=machine_share(ctx, trial),
         environment=environment,

@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.store.cache import ResultStore
 from tuner.store.models import Measurement
+from tuner.study import attrs as A
 from tuner.study.documents import timed_headline
 from tuner.study.outcome import is_feasible
 from tuner.study.racing import Races, races
@@ -83,12 +84,12 @@ def _row(t: FrozenTrial, baseline: FrozenTrial | None, raced: Races) -> TrialRow
         t.value if t.state == TrialState.COMPLETE else None,
         feasible,
         outcome,
-        _float((t.user_attrs.get("accuracy") or {}).get("value")),
+        _float((t.user_attrs.get(A.ACCURACY) or {}).get("value")),
         dict(t.params),
-        str(t.user_attrs.get("cache_key", "")),
+        str(t.user_attrs.get(A.CACHE_KEY, "")),
         study_estimate(t, baseline, raced) if feasible else None,
-        t.user_attrs.get("artifact_bytes"),
-        _float(t.user_attrs.get("peak_memory_mb")),
+        t.user_attrs.get(A.ARTIFACT_BYTES),
+        _float(t.user_attrs.get(A.PEAK_MEMORY_MB)),
     )
 
 
@@ -137,7 +138,7 @@ def collect(ctx: Context, study: optuna.Study) -> ReportData:
     """Read the study for a report."""
     frozen = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     summary, headline = timed_headline(ctx, study)
-    confirmation = study.user_attrs.get("confirmation")
+    confirmation = study.user_attrs.get(A.CONFIRMATION)
     raced = races(study)
     rows = [_row(t, summary.baseline, raced) for t in frozen]
     by_number = {r.number: r for r in rows}

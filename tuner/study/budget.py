@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner import job as J
+from tuner.study import attrs as A
 from tuner.study.optuna_adapter import count_by_state, count_with_attr
 from tuner.study.outcome import UNCOUNTED
 
@@ -57,6 +58,6 @@ def count_trials(url: str, study_id: int) -> Counts:
         fail=by_state.get("FAIL", 0),
         running=by_state.get("RUNNING", 0),
         waiting=by_state.get("WAITING", 0),
-        uncounted_fail=count_with_attr(url, study_id, "FAIL", "failure_class", UNCOUNTED),
-        known_failures=count_with_attr(url, study_id, "PRUNED", "failure_class", (J.KNOWN_FAILURE,)),
+        uncounted_fail=count_with_attr(url, study_id, "FAIL", A.FAILURE_CLASS, UNCOUNTED),
+        known_failures=count_with_attr(url, study_id, "PRUNED", A.FAILURE_CLASS, (J.KNOWN_FAILURE,)),
     )

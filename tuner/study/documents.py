@@ -13,6 +13,7 @@ import optuna
 
 from tuner.errors import TunerError, first_line
 from tuner.events import changes, outcome
+from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
 from tuner.study.racing import baseline_trial, races
 from tuner.study.summary import Summary
@@ -45,18 +46,18 @@ def verdict_document(ctx: Context, study: optuna.Study) -> tuple[dict[str, Any],
     from tuner.export import machine_share, measured_shapes
 
     s, head = timed_headline(ctx, study)
-    confirmation = study.user_attrs.get("confirmation")
+    confirmation = study.user_attrs.get(A.CONFIRMATION)
     trial = head.trial or s.best
-    acc = trial.user_attrs.get("accuracy", {}) if trial else {}
+    acc = trial.user_attrs.get(A.ACCURACY, {}) if trial else {}
     attr = trial.user_attrs.get if trial else (lambda key, default=None: default)
     doc = {
         "study": s.study,
         "trial": trial.number if trial else None,
         "route": trial.params if trial else None,
-        "default_route": dict(study.user_attrs.get("default_route") or {}),
+        "default_route": dict(study.user_attrs.get(A.DEFAULT_ROUTE) or {}),
         "value": trial.value if trial else None,
         "baseline_value": s.baseline_value,
-        "measured_ms": attr("measured_ms"),
+        "measured_ms": attr(A.MEASURED_MS),
         "default_ms": s.default_ms,
         "contention": (confirmation or {}).get("contention"),
         "accuracy": {
@@ -67,11 +68,11 @@ def verdict_document(ctx: Context, study: optuna.Study) -> tuple[dict[str, Any],
         "feasible": bool(trial and is_feasible(trial)),
         "statistic": ctx.spec.objective.statistic,
         "unit": "ms",
-        "latency_ms": attr("latency_ms"),
-        "artifact_sha256": attr("artifact_sha256"),
-        "artifact_bytes": attr("artifact_bytes"),
-        "peak_memory_mb": attr("peak_memory_mb"),
-        "memory_kind": attr("memory_kind"),
+        "latency_ms": attr(A.LATENCY_MS),
+        "artifact_sha256": attr(A.ARTIFACT_SHA256),
+        "artifact_bytes": attr(A.ARTIFACT_BYTES),
+        "peak_memory_mb": attr(A.PEAK_MEMORY_MB),
+        "memory_kind": attr(A.MEMORY_KIND),
         "max_memory_mb": ctx.spec.objective.max_memory_mb,
         "shapes": measured_shapes(ctx, trial),
         "machine_share": machine_share(ctx, trial),
@@ -94,7 +95,7 @@ def best_document(ctx: Context, study: optuna.Study) -> tuple[dict[str, Any], He
 def trial_documents(study: optuna.Study) -> list[dict[str, Any]]:
     """Every trial: number, state, outcome, route and its changes from the default, value, speedup, message."""
     trials = study.get_trials(deepcopy=False)
-    default = dict(study.user_attrs.get("default_route") or {})
+    default = dict(study.user_attrs.get(A.DEFAULT_ROUTE) or {})
     base, raced = baseline_trial(trials), races(study)
     out = []
     for t in sorted(trials, key=lambda t: t.number):
@@ -104,15 +105,15 @@ def trial_documents(study: optuna.Study) -> list[dict[str, Any]]:
                 "number": t.number,
                 "state": t.state.name.lower(),
                 "outcome": outcome(t) if t.state.is_finished() else t.state.name.lower(),
-                "source": t.user_attrs.get("source", "sampler"),
+                "source": t.user_attrs.get(A.SOURCE, "sampler"),
                 "route": t.params,
                 "changes": changes(t, default),
                 "value": t.value,
                 "speedup": est.speedup if est else None,
                 "speedup_ci": est.ci if est else None,
-                "accuracy": (t.user_attrs.get("accuracy") or {}).get("value"),
+                "accuracy": (t.user_attrs.get(A.ACCURACY) or {}).get("value"),
                 "duration_s": t.duration.total_seconds() if t.duration else None,
-                "message": first_line(str(t.user_attrs.get("message", ""))),
+                "message": first_line(str(t.user_attrs.get(A.MESSAGE, ""))),
             }
         )
     return out

@@ -33,6 +33,7 @@ from tuner.errors import TunerError
 from tuner.store.db import confirmation_lock, db_now, get_engine, study_lock
 from tuner.store.leases import may_be_alive
 from tuner.store.models import ArtifactRecord, Lease
+from tuner.study import attrs as A
 from tuner.study import optuna_adapter as oa
 from tuner.study import racing
 from tuner.study.outcome import is_feasible
@@ -78,14 +79,14 @@ def kept_trials(study: optuna.Study, keep_best: int) -> dict[int, str]:
     trials = study.get_trials(deepcopy=False)
     why: dict[int, list[str]] = {}
     for t in trials:
-        if t.user_attrs.get("source") == "baseline":
+        if t.user_attrs.get(A.SOURCE) == "baseline":
             why.setdefault(t.number, []).append("baseline")
     feasible = sorted(
         (t for t in trials if t.state == TrialState.COMPLETE and is_feasible(t)), key=lambda t: (t.value, t.number)
     )
     for rank, t in enumerate(feasible[:keep_best], 1):
         why.setdefault(t.number, []).append(f"best feasible #{rank}")
-    confirmation = study.user_attrs.get("confirmation") or {}
+    confirmation = study.user_attrs.get(A.CONFIRMATION) or {}
     confirmed = {c.get("trial") for c in confirmation.get("candidates", [])} | {
         confirmation.get("trial"),
         confirmation.get("winner_trial"),
@@ -197,7 +198,7 @@ def size_of(path: Path) -> int:
 
 
 def _sha(t: FrozenTrial) -> str | None:
-    sha = t.user_attrs.get("artifact_sha256")
+    sha = t.user_attrs.get(A.ARTIFACT_SHA256)
     return str(sha) if sha else None
 
 

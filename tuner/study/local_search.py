@@ -32,13 +32,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space import Route, SearchSpace, canonical_route
 from tuner.space.groups import knob_groups
+from tuner.study import attrs as A
 from tuner.study import racing
 from tuner.study.outcome import is_feasible
 from tuner.study.surrogate import Encoder, Observation, Surrogate
 
-WARM_START_ATTR = (
-    "warm_start"  # study user attribute: {"sources": [...], "observations": [...]} (tuner.study.warm_start)
-)
 PENDING = (TrialState.RUNNING, TrialState.WAITING)
 REACH = (
     1  # candidates also one group move beyond the nearest ring with an untried route (measured: MiniLM-strict, 4 of 6
@@ -117,7 +115,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         scale = float(base.value) if base is not None and base.value else None
         raced = racing.races(study)
         out = [o for t in trials if (o := observation(t, raced, scale)) is not None]
-        carried = (study.user_attrs.get(WARM_START_ATTR) or {}).get("observations") or []
+        carried = (study.user_attrs.get(A.WARM_START) or {}).get("observations") or []
         weight = carried_weight(len(out))
         out += [
             Observation(dict(c["route"]), c.get("log_ratio"), bool(c["feasible"]), weight)
@@ -155,7 +153,7 @@ def observation(
         feasible = bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
         return Observation(_route(t), _log_ratio(value, scale), feasible)
     if state == TrialState.PRUNED:
-        slow = t.user_attrs.get("failure_class") == "slow"
+        slow = t.user_attrs.get(A.FAILURE_CLASS) == "slow"
         last = t.intermediate_values[max(t.intermediate_values)] if slow and t.intermediate_values else None
         return Observation(_route(t), _log_ratio(last, scale), slow)
     return None

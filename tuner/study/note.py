@@ -13,6 +13,7 @@ from typing import Any
 
 import optuna
 
+from tuner.study import attrs as A
 from tuner.study.summary import Summary
 from tuner.study.verdict import Headline, study_headline
 
@@ -27,7 +28,7 @@ def _ms(value: float | None) -> str:
 def _best_line(s: Summary) -> str:
     if s.best is None:
         return "**Best feasible trial:** none yet (no route has been timed within the accuracy tolerance)."
-    acc = s.best.user_attrs.get("accuracy") or {}
+    acc = s.best.user_attrs.get(A.ACCURACY) or {}
     accuracy = (
         f"; {acc.get('metric')} {acc.get('value'):.3g} (tolerance {acc.get('tolerance'):g})"
         if isinstance(acc.get("value"), float)
@@ -85,7 +86,7 @@ def update_note(study: optuna.Study) -> bool:
         from optuna_dashboard import save_note
 
         summary, head = study_headline(study)
-        save_note(study, render_note(summary, study.user_attrs.get("confirmation"), head))
+        save_note(study, render_note(summary, study.user_attrs.get(A.CONFIRMATION), head))
         return True
     except Exception as exc:  # the note is a convenience; the study must go on without it
         log.warning("could not update the study note: %s: %s", type(exc).__name__, exc)

@@ -36,6 +36,7 @@ from tuner.errors import TunerError, first_line
 from tuner.store.db import engine_kwargs, get_engine
 from tuner.store.leases import Fence
 from tuner.store.urls import mask_url, scrub
+from tuner.study import attrs as A
 
 WRITTEN_FOR = "5.0"  # Optuna major.minor these functions were checked against
 SCHEMA = "v3.2.0.a"  # Optuna's RDB schema (alembic) version the SQL below reads
@@ -224,7 +225,8 @@ def count_with_attr(url: str, study: int, state: str, key: str, values: Iterable
 
 
 def enqueue_retry(study: optuna.Study, params: dict[str, Any], user_attrs: dict[str, Any]) -> bool:
-    """Enqueue `params` as the retry of trial `user_attrs["retry_of"]`, unless one exists; False if it did.
+    """Enqueue `params` as the retry of the trial its `user_attrs` name (`retry_of`), unless one exists; False if it
+    did.
 
     The check and the insert are one transaction (the study row locked, as Optuna locks it to number a
     trial), and it is not retried inside: Optuna's own `create_new_trial` repeats its insert after a
@@ -244,8 +246,8 @@ def enqueue_retry(study: optuna.Study, params: dict[str, Any], user_attrs: dict[
             .join(models.TrialModel, models.TrialModel.trial_id == models.TrialUserAttributeModel.trial_id)
             .where(
                 models.TrialModel.study_id == study_id(study),
-                models.TrialUserAttributeModel.key == "retry_of",
-                models.TrialUserAttributeModel.value_json == json.dumps(user_attrs["retry_of"]),
+                models.TrialUserAttributeModel.key == A.RETRY_OF,
+                models.TrialUserAttributeModel.value_json == json.dumps(user_attrs[A.RETRY_OF]),
             )
             .limit(1)
         ).first()

@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 
 from tuner import job as J
 from tuner.store.leases import Fence
+from tuner.study import attrs as A
 from tuner.study.optuna_adapter import settle_trial
 
 CONSTRAINT_KEYS = ("accuracy", "failure", "memory")  # "memory" only in a study with a memory cap
@@ -113,28 +114,28 @@ def judge(
 def user_attrs(result: J.Result, metric: str, tolerance: float, extra: dict[str, Any]) -> dict[str, Any]:
     """The small per-trial attributes shown in the dashboard and read by `tuner best`/`report`."""
     attrs: dict[str, Any] = {
-        "failure_class": "" if result.status == J.OK else result.status,
-        "message": result.message[:500],
-        "phase": result.phase,
-        "accuracy": {"metric": metric, "value": _finite(result.accuracy), "tolerance": tolerance},
+        A.FAILURE_CLASS: "" if result.status == J.OK else result.status,
+        A.MESSAGE: result.message[:500],
+        A.PHASE: result.phase,
+        A.ACCURACY: {"metric": metric, "value": _finite(result.accuracy), "tolerance": tolerance},
         **extra,
     }
     if result.latency:
-        attrs["latency_ms"] = {k: round(float(v), 6) for k, v in result.latency.items()}
+        attrs[A.LATENCY_MS] = {k: round(float(v), 6) for k, v in result.latency.items()}
     if result.paired:
         attrs.update(paired_attrs(result))
     if result.accuracy_per_output:
-        attrs["accuracy_per_output"] = {k: _finite(v) for k, v in list(result.accuracy_per_output.items())[:20]}
+        attrs[A.ACCURACY_PER_OUTPUT] = {k: _finite(v) for k, v in list(result.accuracy_per_output.items())[:20]}
     if result.phase_s:
-        attrs["phase_s"] = {k: round(float(v), 4) for k, v in result.phase_s.items()}
-    for key in ("build_s", "artifact_sha256", "artifact_bytes", "peak_memory_mb"):
+        attrs[A.PHASE_S] = {k: round(float(v), 4) for k, v in result.phase_s.items()}
+    for key in (A.BUILD_S, A.ARTIFACT_SHA256, A.ARTIFACT_BYTES, A.PEAK_MEMORY_MB):  # as the Result's fields
         value = getattr(result, key)
         if value is not None:
             attrs[key] = value
     if result.memory_kind:
-        attrs["memory_kind"] = result.memory_kind
+        attrs[A.MEMORY_KIND] = result.memory_kind
     if result.build_info:
-        attrs["build_info"] = result.build_info
+        attrs[A.BUILD_INFO] = result.build_info
     return attrs
 
 
@@ -178,25 +179,29 @@ def paired_attrs(result: J.Result) -> dict[str, Any]:
     )
     timing.update({k: p[k] for k in ("contended_cycles", "contention") if k in p})
     attrs: dict[str, Any] = {
-        "paired": bool(p.get("paired")),
-        "timing_stop": p.get("stop", ""),
-        "timing": timing,
-        "contended": bool(p.get("contended")),
+        A.PAIRED: bool(p.get("paired")),
+        A.TIMING_STOP: p.get("stop", ""),
+        A.TIMING: timing,
+        A.CONTENDED: bool(p.get("contended")),
     }
     if p.get("shapes"):  # [[objective.shapes]]: each shape's own figures (its cycles stay with the measurement)
-        attrs["shapes"] = [{k: v for k, v in e.items() if k != "log_ratios"} for e in p["shapes"]]
+        attrs[A.SHAPES] = [{k: v for k, v in e.items() if k != "log_ratios"} for e in p["shapes"]]
     if "affinity" in info:
-        attrs["affinity"] = info["affinity"]
+        attrs[A.AFFINITY] = info["affinity"]
     if p.get("paired"):
         attrs.update(
-            speedup_paired=p["speedup"], speedup_paired_ci=list(p["ci"]), speedup_paired_confidence=p.get("confidence")
+            {
+                A.SPEEDUP_PAIRED: p["speedup"],
+                A.SPEEDUP_PAIRED_CI: list(p["ci"]),
+                A.SPEEDUP_PAIRED_CONFIDENCE: p.get("confidence"),
+            }
         )
         if p.get("baseline_latency"):
-            attrs["baseline_latency_ms"] = {k: round(float(v), 6) for k, v in p["baseline_latency"].items()}
+            attrs[A.BASELINE_LATENCY_MS] = {k: round(float(v), 6) for k, v in p["baseline_latency"].items()}
     else:
-        attrs["unpaired"] = p.get("unpaired", "")
+        attrs[A.UNPAIRED] = p.get("unpaired", "")
         if p.get("role") == "baseline":
-            attrs["speedup_paired"], attrs["speedup_paired_ci"] = 1.0, [1.0, 1.0]
+            attrs[A.SPEEDUP_PAIRED], attrs[A.SPEEDUP_PAIRED_CI] = 1.0, [1.0, 1.0]
     return attrs
 
 
@@ -251,13 +256,12 @@ def record(
     """
     j = judge(result, tolerance, statistic, baseline_value, max_memory_mb)
     measured = measured_ms(result, statistic)
-    # "feasible": the dashboard shows no constraints
     settle_trial(
         study,
         trial,
         j.state,
         j.value,
-        {**attrs, "feasible": j.feasible, **({"measured_ms": measured} if measured else {})},
+        {**attrs, A.FEASIBLE: j.feasible, **({A.MEASURED_MS: measured} if measured else {})},
         dict(zip(CONSTRAINT_KEYS, j.constraints)),
         intermediate_values(result, baseline_value),
         fence,

@@ -1,7 +1,7 @@
 """Paired trials in the study: what a trial is paired with, the incumbent, racing close leaders, "confirmed".
 
-Trial user attributes (written by `tuner.study.outcome` and by racing here; read by `tuner best`,
-the note and the report):
+Trial user attributes (named in `tuner.study.attrs`; written by `tuner.study.outcome` and by racing
+here; read by `tuner best`, the note and the report):
 
 - `paired` (bool): the trial was timed paired with the baseline engine in one process (ABBA blocks).
   False for the baseline trial itself and for trials measured unpaired (`unpaired`: why).
@@ -43,9 +43,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.measure.speedup import Speedup, pooled_speedup
+from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
 
-ATTR = "racing"
 BASELINE_SOURCE = "baseline"
 Races = Mapping[str, Mapping[str, Any]]
 CONFIDENCE = 0.95  # of the pooled interval (the trials' own intervals use the same level)
@@ -55,12 +55,12 @@ RACE_TOP_K = 3  # leaders considered for racing
 
 def races(study: optuna.Study) -> dict[str, dict[str, Any]]:
     """The study's racing document (trial number as a string -> refined standing)."""
-    return dict(study.user_attrs.get(ATTR) or {})
+    return dict(study.user_attrs.get(A.RACING) or {})
 
 
 def is_baseline(t: FrozenTrial) -> bool:
     """The trial of the study's default route (enqueued first)."""
-    return t.user_attrs.get("source") == BASELINE_SOURCE
+    return t.user_attrs.get(A.SOURCE) == BASELINE_SOURCE
 
 
 def baseline_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
@@ -87,15 +87,15 @@ class Standing:
 def standing(t: FrozenTrial, raced: Races) -> Standing | None:
     """The trial's standing (refined where it was re-measured), or None when it has no paired speedup or is not
     feasible."""
-    if not is_feasible(t) or is_baseline(t) or not t.user_attrs.get("paired"):
+    if not is_feasible(t) or is_baseline(t) or not t.user_attrs.get(A.PAIRED):
         return None
     r = raced.get(str(t.number)) or {}
-    if "speedup_refined" not in r and t.user_attrs.get("contended"):
+    if "speedup_refined" not in r and t.user_attrs.get(A.CONTENDED):
         return None
     if "speedup_refined" in r:
         est, (low, high) = r["speedup_refined"], r["speedup_refined_ci"]
     else:
-        est, (low, high) = t.user_attrs["speedup_paired"], t.user_attrs["speedup_paired_ci"]
+        est, (low, high) = t.user_attrs[A.SPEEDUP_PAIRED], t.user_attrs[A.SPEEDUP_PAIRED_CI]
     return Standing(t.number, float(est), float(low), float(high), int(r.get("remeasured", 0)))
 
 

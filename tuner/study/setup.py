@@ -29,9 +29,11 @@ from tuner.store.db import check_reachable, get_engine, schema_lock, study_lock,
 from tuner.store.models import StudyRecord
 from tuner.store.readonly import has_optuna_schema
 from tuner.store.urls import mask_credentials, mask_url
+from tuner.study import attrs as A
 from tuner.study import warm_start
 from tuner.study.fingerprint import DEVICE, completed, device_problem, differences, study_fingerprint
 from tuner.study.optuna_adapter import open_storage
+from tuner.study.racing import BASELINE_SOURCE
 from tuner.version import __version__
 
 METRIC_NAMES = ["latency_ms"]
@@ -226,18 +228,18 @@ def prepare(ctx: Context) -> optuna.Study:
         study = optuna.create_study(
             study_name=ctx.spec.study, storage=storage, direction="minimize", load_if_exists=True
         )
-        created = not study.user_attrs.get("tuner_version")
+        created = not study.user_attrs.get(A.TUNER_VERSION)
         identity = warm_start.identity(ctx.model_sha, ctx.backend.device())
         if created:
             for key, value in identity.items():
                 study.set_user_attr(key, value)
             study.set_metric_names(METRIC_NAMES)
-            study.set_user_attr("tuner_version", __version__)
-            study.set_user_attr("backend", ctx.spec.backend.name)
-            study.set_user_attr("backend_version", ctx.backend.version())
-            study.set_user_attr("default_route", ctx.space.default_route())
-            study.set_user_attr("budget", ctx.spec.run.budget)
-            study.set_user_attr("preparation", preparation)
+            study.set_user_attr(A.TUNER_VERSION, __version__)
+            study.set_user_attr(A.BACKEND, ctx.spec.backend.name)
+            study.set_user_attr(A.BACKEND_VERSION, ctx.backend.version())
+            study.set_user_attr(A.DEFAULT_ROUTE, ctx.space.default_route())
+            study.set_user_attr(A.BUDGET, ctx.spec.run.budget)
+            study.set_user_attr(A.PREPARATION, preparation)
             for key, value in ctx.backend.study_attrs(ctx.model_info).items():
                 study.set_user_attr(key, value)
         enqueue_start(study, ctx.space, seeds, ctx.spec.run.budget)
@@ -251,7 +253,7 @@ def prepare(ctx: Context) -> optuna.Study:
 def enqueue_start(study: optuna.Study, space: SearchSpace, seeds: list[Route], budget: int) -> None:
     """Enqueue the default route (the baseline) once, then the compiler's recommended routes `seeds`,
     as many as the budget leaves room for (a seed never waits past the budget)."""
-    study.enqueue_trial(space.default_route(), user_attrs={"source": "baseline"}, skip_if_exists=True)
+    study.enqueue_trial(space.default_route(), user_attrs={A.SOURCE: BASELINE_SOURCE}, skip_if_exists=True)
     room = budget - len(study.get_trials(deepcopy=False))
     for route in seeds[: max(0, room)]:
-        study.enqueue_trial(route, user_attrs={"source": "recommended"}, skip_if_exists=True)
+        study.enqueue_trial(route, user_attrs={A.SOURCE: "recommended"}, skip_if_exists=True)

@@ -10,6 +10,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import job as J
+from tuner.study import attrs as A
 from tuner.study.outcome import FAILURES, GATE, UNCOUNTED, is_feasible
 
 
@@ -39,7 +40,7 @@ class Summary:
     @property
     def best_ms(self) -> float | None:
         """The best feasible trial's latency as its own uncontended timing measured it (not a scaled figure)."""
-        return (self.best.user_attrs.get("measured_ms") or {}).get("trial") if self.best else None
+        return (self.best.user_attrs.get(A.MEASURED_MS) or {}).get("trial") if self.best else None
 
     @property
     def best_value(self) -> float | None:
@@ -85,7 +86,7 @@ class Summary:
 
 def failure_class(t: FrozenTrial) -> str:
     """A finished trial's failure class ('' for success)."""
-    return str(t.user_attrs.get("failure_class", ""))
+    return str(t.user_attrs.get(A.FAILURE_CLASS, ""))
 
 
 def repeated_failures(trials: list[FrozenTrial]) -> int:
@@ -96,7 +97,7 @@ def repeated_failures(trials: list[FrozenTrial]) -> int:
     seen: set[str] = set()
     repeated = 0
     for t in sorted(trials, key=lambda t: t.number):
-        key = t.user_attrs.get("failure_key")
+        key = t.user_attrs.get(A.FAILURE_KEY)
         if not t.state.is_finished() or not key:
             continue
         if key in seen and failure_class(t) != J.KNOWN_FAILURE:
@@ -117,7 +118,7 @@ def summarize_study(study: optuna.Study) -> Summary:
             classes[c] = classes.get(c, 0) + 1
     failed = sum(1 for t in trials if t.state.is_finished() and failure_class(t) in FAILURES)
     gate = sum(1 for t in trials if t.state == TrialState.PRUNED and failure_class(t) in GATE)
-    baselines = [t for t in trials if t.user_attrs.get("source") == "baseline" and t.state == TrialState.COMPLETE]
+    baselines = [t for t in trials if t.user_attrs.get(A.SOURCE) == "baseline" and t.state == TrialState.COMPLETE]
     starts = [t.datetime_start for t in trials if t.datetime_start]
     ends = [t.datetime_complete for t in trials if t.datetime_complete]
     running = any(t.state == TrialState.RUNNING for t in trials)
@@ -125,10 +126,10 @@ def summarize_study(study: optuna.Study) -> Summary:
     if starts:
         end = datetime.now() if running or not ends else max(ends)
         elapsed = (end - min(starts)).total_seconds()
-    confirm_s = float((study.user_attrs.get("confirmation") or {}).get("seconds") or 0.0)
+    confirm_s = float((study.user_attrs.get(A.CONFIRMATION) or {}).get("seconds") or 0.0)
     return Summary(
         study=study.study_name,
-        budget=study.user_attrs.get("budget"),
+        budget=study.user_attrs.get(A.BUDGET),
         complete=len(complete),
         pruned=gate,
         failed=failed,
@@ -137,7 +138,7 @@ def summarize_study(study: optuna.Study) -> Summary:
         feasible=len(feasible),
         infeasible=len(complete) - len(feasible) + gate - classes.get(J.SLOW, 0),  # slow routes are not infeasible
         requeued=sum(1 for t in trials if t.state == TrialState.FAIL and failure_class(t) in UNCOUNTED),
-        cache_hits=sum(1 for t in trials if t.user_attrs.get("cache_hit")),
+        cache_hits=sum(1 for t in trials if t.user_attrs.get(A.CACHE_HIT)),
         best=min(feasible, key=lambda t: (t.value, t.number)) if feasible else None,
         baseline=baselines[0] if baselines else None,
         elapsed_s=elapsed + confirm_s,
@@ -151,5 +152,5 @@ def summarize_study(study: optuna.Study) -> Summary:
 def default_measured(trials: list[FrozenTrial]) -> float | None:
     """The default route's latency as measured: the median of its uncontended timings (its own trial's, and beside each
     paired trial)."""
-    values = sorted(float(m["default"]) for t in trials if "default" in (m := t.user_attrs.get("measured_ms") or {}))
+    values = sorted(float(m["default"]) for t in trials if "default" in (m := t.user_attrs.get(A.MEASURED_MS) or {}))
     return statistics.median(values) if values else None

@@ -26,6 +26,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.measure.shapes import per_shape
+from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
 from tuner.study.racing import Races, best_confirmed, races, standing
 from tuner.study.summary import Summary, summarize_study
@@ -114,7 +115,7 @@ def study_headline(study: optuna.Study) -> tuple[Summary, Headline]:
     """A fresh read of `study`: its summary and its headline."""
     summary = summarize_study(study)
     return summary, decide(
-        summary, study.user_attrs.get("confirmation"), study.get_trials(deepcopy=False), races(study)
+        summary, study.user_attrs.get(A.CONFIRMATION), study.get_trials(deepcopy=False), races(study)
     )
 
 
@@ -161,7 +162,7 @@ def decide(
         best_confirmed(trials, races or {}) or summary.best
     )  # racing's confirmed best, else the study's best feasible
     study = study_estimate(best, baseline, races)
-    shapes = tuple(best.user_attrs.get("shapes") or ()) if best is not None else ()
+    shapes = tuple(best.user_attrs.get(A.SHAPES) or ()) if best is not None else ()
     sentence = _unconfirmed_sentence(summary, best, study, conf) + _per_shape(shapes)
     return Headline(UNCONFIRMED, sentence, best, study, study, None, base_no, shapes)
 

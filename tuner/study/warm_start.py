@@ -1,7 +1,7 @@
 """Warm start: a new study starts from the finished studies of *other* models on the same kind of device.
 
 With `[run] warm_start = "auto"` (the default), a study created in a storage that already holds studies
-of the same backend on the same kind of device (`DEVICE_ATTR`) but of another model (`MODEL_ATTR`)
+of the same backend on the same kind of device (`device_kind`) but of another model (`model_sha256`)
 takes two things from each of them:
 
 - its winner (the confirmed winner of its end-of-study confirmation, else racing's confirmed best),
@@ -26,11 +26,10 @@ from typing import Any
 import optuna
 
 from tuner.space import Route, SearchSpace, canonical_route
+from tuner.study import attrs as A
 from tuner.study import racing
-from tuner.study.local_search import WARM_START_ATTR, observation
+from tuner.study.local_search import observation
 
-MODEL_ATTR = "model_sha256"
-DEVICE_ATTR = "device_kind"
 MODES = ("auto", "off")
 SOURCE = "warm-start"
 
@@ -42,7 +41,7 @@ def device_kind(device: Mapping[str, Any]) -> str:
 
 def identity(model_sha: str, device: Mapping[str, Any]) -> dict[str, str]:
     """The study attributes a warm start matches on."""
-    return {MODEL_ATTR: model_sha, DEVICE_ATTR: device_kind(device)}
+    return {A.MODEL_SHA256: model_sha, A.DEVICE_KIND: device_kind(device)}
 
 
 def project(route: Mapping[str, Any], space: SearchSpace) -> Route:
@@ -56,7 +55,7 @@ def project(route: Mapping[str, Any], space: SearchSpace) -> Route:
 def winner(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     """A finished study's winner: its confirmed winner, else racing's confirmed best, else None."""
     trials = study.get_trials(deepcopy=False)
-    confirmation = study.user_attrs.get("confirmation") or {}
+    confirmation = study.user_attrs.get(A.CONFIRMATION) or {}
     number = confirmation.get("winner_trial")
     if number is not None:
         return next((t for t in trials if t.number == number), None)
@@ -73,9 +72,9 @@ def sources(
         a = summary.user_attrs
         if (
             summary.study_name != name
-            and a.get("backend") == backend
-            and a.get(DEVICE_ATTR) == attrs[DEVICE_ATTR]
-            and a.get(MODEL_ATTR) not in (None, attrs[MODEL_ATTR])
+            and a.get(A.BACKEND) == backend
+            and a.get(A.DEVICE_KIND) == attrs[A.DEVICE_KIND]
+            and a.get(A.MODEL_SHA256) not in (None, attrs[A.MODEL_SHA256])
         ):
             out.append(optuna.load_study(study_name=summary.study_name, storage=storage))
     return out
@@ -115,9 +114,9 @@ def warm_start(
             route = project(best.params, space)
             entry["winner"] = route
             if canonical_route(route) not in queued:
-                study.enqueue_trial(route, user_attrs={"source": SOURCE, "warm_start_from": source.study_name})
+                study.enqueue_trial(route, user_attrs={A.SOURCE: SOURCE, A.WARM_START_FROM: source.study_name})
                 queued.add(canonical_route(route))
         doc["sources"].append(entry)
         doc["observations"] += observations(source, space)
-    study.set_user_attr(WARM_START_ATTR, doc)
+    study.set_user_attr(A.WARM_START, doc)
     return doc

@@ -59,6 +59,7 @@ from tuner.measure.speedup import Speedup, pooled_speedup
 from tuner.space import canonical_route
 from tuner.store.cache import ResultStore, new_run_id
 from tuner.store.db import confirmation_lock, db_now
+from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
@@ -68,7 +69,6 @@ from tuner.worker.isolate import ChildHandle, run_isolated
 from tuner.worker.jobs import make_job, measure_settings
 from tuner.worker.race import stored_engine
 
-ATTR = "confirmation"
 DEFAULT_ROUNDS = 8  # the cap on rounds (processes per candidate) unless --confirm-rounds says otherwise
 MIN_ROUNDS = 3  # processes per candidate before the verdict may be decided: their spread needs three to be seen
 MIN_SPEEDUP = 1.01  # the least speedup reported as a win: its interval must lie above this, not just above 1.0
@@ -232,7 +232,7 @@ def is_current(
     ctx: Context, study: optuna.Study, top_k: int = 3, confidence: float = 0.95, rounds: int | None = None
 ) -> bool:
     """Whether the stored confirmation is of the study as it is: the same default and candidates, the same settings."""
-    doc = study.user_attrs.get(ATTR) or {}
+    doc = study.user_attrs.get(A.CONFIRMATION) or {}
     baseline = summarize_study(study).baseline
     if not doc or baseline is None or doc.get("baseline_trial") != baseline.number:
         return False
@@ -265,7 +265,7 @@ def confirm(
     waits, and if the first confirmed the same state of the study with the same settings meanwhile,
     its document is the answer (the study keeps one confirmation, not the last of two).
     """
-    seen = (study.user_attrs.get(ATTR) or {}).get("id")
+    seen = (study.user_attrs.get(A.CONFIRMATION) or {}).get("id")
     with confirmation_lock(ctx.url, ctx.spec.study):
         basis = {
             "finished": sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished()),
@@ -273,7 +273,7 @@ def confirm(
             "top_k": top_k,
             "confidence": confidence,
         }
-        current = study.user_attrs.get(ATTR) or {}
+        current = study.user_attrs.get(A.CONFIRMATION) or {}
         if current.get("id") not in (None, seen) and current.get("basis") == basis:
             log("another run confirmed this study while this one waited for it; that confirmation stands")
             return current
@@ -578,7 +578,7 @@ class Session:
 
     def _run(self, trial: FrozenTrial, trial_dir: Path, **pairing: Any) -> J.Result:
         """Run the route of `trial` once in a fresh child, on its stored artifact where that is still here."""
-        sha = trial.user_attrs.get("artifact_sha256")
+        sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
         record = self.store.artifact(sha) if sha else None
         job = make_job(self.ctx, dict(trial.params), trial_dir / "out", **pairing)
         job.backend = WRAPPER
@@ -623,5 +623,5 @@ def _pairing(res: J.Result) -> dict[str, Any]:
 
 
 def _store(study: optuna.Study, doc: dict[str, Any]) -> dict[str, Any]:
-    study.set_user_attr(ATTR, doc)
+    study.set_user_attr(A.CONFIRMATION, doc)
     return doc

@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial
 from tuner import job as J
 from tuner.store.cache import ResultStore, new_run_id
 from tuner.store.db import db_now, db_retry, study_lock
+from tuner.study import attrs as A
 from tuner.study import racing
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
@@ -38,7 +39,7 @@ KIND = "race"
 
 def stored_engine(results: ResultStore, trial: FrozenTrial) -> dict[str, Any] | None:
     """`trial`'s stored artifact as a job's `baseline` (what a child pairs with), if it is on this host."""
-    sha = trial.user_attrs.get("artifact_sha256")
+    sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
     record = results.artifact(sha) if sha else None
     if record is None or not Path(record.path).is_file():
         return None
@@ -86,7 +87,7 @@ class Racer:
         if change is not None:
             entry.update(change)
             doc[str(number)] = entry
-            self.study.set_user_attr(racing.ATTR, doc)
+            self.study.set_user_attr(A.RACING, doc)
         return entry
 
     def _claim(self, number: int, run_id: str) -> bool:
@@ -105,7 +106,7 @@ class Racer:
 
     def _remeasure(self, trial: FrozenTrial, engine: dict[str, Any]) -> J.Result:
         """Time the trial's stored artifact again, paired with the baseline engine, in a fresh child."""
-        sha = trial.user_attrs.get("artifact_sha256")
+        sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
         record = self.results.artifact(sha) if sha else None
         run_dir = self.ctx.work_dir / "race" / f"{trial.number:05d}-{time.time_ns()}"
         job = make_job(self.ctx, dict(trial.params), run_dir / "out", baseline=engine)
