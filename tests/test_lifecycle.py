@@ -247,8 +247,8 @@ def test_a_reap_broken_after_each_commit_re_queues_once(faulty) -> None:  # noqa
     worker, watch = faulty
     number = _dead_owner_trial(worker)
     watch.drop_after_commit("reap", "requeue", "tell")
-    assert worker._db(worker.reap) in ([number], [])  # the retried reap finishes what the broken one began
-    worker._db(worker.reap)
+    assert worker._db(worker.reaper.reap) in ([number], [])  # the retried reap finishes what the broken one began
+    worker._db(worker.reaper.reap)
     ts = worker.study.get_trials(deepcopy=False)
     assert set(watch.dropped) >= {"reap", "requeue"}
     lost = next(t for t in ts if t.number == number)
@@ -314,7 +314,7 @@ def test_a_reap_between_the_owners_check_and_its_write_fences_the_owner_out(faul
     assert worker.leases.beat(fence) is False  # the owner's heartbeat no longer counts
     late = J.Result(status=J.OK, latency={"median": 1.0}, samples_ms=[1.0, 1.1, 0.9])
     with pytest.raises(LeaseLost):
-        worker._store("k" * 64, trial.number, route, late, fence)
+        worker.evaluator._store("k" * 64, trial.number, route, late, fence)
     with caplog.at_level("WARNING", logger="tuner.worker"):
         worker._settle(trial, lambda: worker._tell(trial, late, {}, fence))  # no UpdateFinishedTrialError, no crash
     assert [r.getMessage() for r in caplog.records] == [
@@ -365,14 +365,14 @@ def test_a_route_lost_in_max_attempts_runs_is_failed_once_and_counted(
     gone.wait()
     first = worker.study.ask()  # the baseline, whose worker then dies
     worker.leases.take(oa.trial_id(first), Owner("w9-gone", pid=gone.pid))
-    assert worker.reap() == [first.number]
+    assert worker.reaper.reap() == [first.number]
     again = _ask_retry_of(worker, first.number)
     assert again.user_attrs["attempt"] == 2 and again.user_attrs["source"] == "baseline"
     worker.leases.take(oa.trial_id(again), Owner("w9-gone", pid=gone.pid))
     before = count_trials(worker.ctx.url, worker.study_id).counted
     caplog.clear()
     with caplog.at_level("WARNING", logger="tuner.worker"):
-        assert worker.reap() == [again.number]
+        assert worker.reaper.reap() == [again.number]
     assert [r.getMessage() for r in caplog.records] == [
         f"trial {again.number}: its route was lost in 2 runs (run.max_attempts); failed"
     ]
@@ -381,7 +381,7 @@ def test_a_route_lost_in_max_attempts_runs_is_failed_once_and_counted(
     assert "in 2 of 2 runs" in given_up.user_attrs["message"]
     assert count_trials(worker.ctx.url, worker.study_id).counted == before  # RUNNING before, counted now: same
     assert not [t for t in worker.study.get_trials() if t.user_attrs.get("retry_of") == again.number]
-    assert worker.reap() == []  # failed once
+    assert worker.reaper.reap() == []  # failed once
 
 
 def test_a_trial_past_its_deadline_is_reaped_whatever_its_heartbeat_says(
@@ -400,14 +400,14 @@ def test_a_trial_past_its_deadline_is_reaped_whatever_its_heartbeat_says(
     worker = _worker(write_spec, pg_url, grace_s=60.0, trial_timeout_s=30.0)
     trial = worker.study.ask()
     fence = worker.leases.take(oa.trial_id(trial), worker.owner)  # a live owner on this host, beating
-    assert worker.leases.beat(fence) and worker.reap() == []
+    assert worker.leases.beat(fence) and worker.reaper.reap() == []
     with get_engine(worker.ctx.url).begin() as conn:  # it began longer ago than its deadline (database clock)
         conn.execute(
             text("UPDATE tuner_leases SET started_at = started_at - :s WHERE trial_id = :t"),
             {"s": worker.spec.run.deadline_s + 1, "t": oa.trial_id(trial)},
         )
     assert worker.leases.beat(fence)  # its heartbeat thread still beats ...
-    assert worker.reap() == [trial.number]  # ... and it is reaped all the same
+    assert worker.reaper.reap() == [trial.number]  # ... and it is reaped all the same
     reaped = oa.trial_by_number(worker.study, trial.number)
     assert reaped.user_attrs["failure_class"] == J.LOST and "deadline (300 s)" in reaped.user_attrs["message"]
     assert worker.spec.run.deadline_s == 30.0 * 8 + 60.0

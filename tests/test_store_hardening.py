@@ -67,7 +67,7 @@ def _set_heartbeat(w: Worker, trial_id: int, seconds_ago: float) -> None:
 def test_a_trial_without_a_lease_ages_on_the_database_clock(worker: Worker) -> None:
     # Asked an instant ago by a host whose clock is an hour behind, and its worker died before leasing.
     tid = _running_trial(worker, datetime.datetime.now() - datetime.timedelta(hours=1))
-    assert worker.reap() == []  # not judged by the skewed local clock
+    assert worker.reaper.reap() == []  # not judged by the skewed local clock
     with worker.leases.engine.connect() as conn:
         age = conn.execute(
             text("SELECT extract(epoch from clock_timestamp()) - heartbeat_at FROM tuner_leases WHERE trial_id = :t"),
@@ -75,7 +75,7 @@ def test_a_trial_without_a_lease_ages_on_the_database_clock(worker: Worker) -> N
         ).scalar()
     assert 0 <= age < 30  # an ownerless lease stamped by the database clock when first seen
     _set_heartbeat(worker, tid, 61)  # a grace period later by that clock
-    assert len(worker.reap()) == 1
+    assert len(worker.reaper.reap()) == 1
     assert worker.study._storage.get_trial(tid).user_attrs["failure_class"] == "lost"
 
 
@@ -97,7 +97,7 @@ def test_a_trial_whose_reaper_died_midway_is_reaped_again(worker: Worker) -> Non
     _set_heartbeat(worker, tid, 3600)
     assert worker.leases.claim_reap(tid, 60.0)  # a reaper claimed it, then died before failing the trial
     assert worker.study._storage.get_trial(tid).state == TrialState.RUNNING
-    assert worker.reap() == [worker.study._storage.get_trial(tid).number]
+    assert worker.reaper.reap() == [worker.study._storage.get_trial(tid).number]
     assert worker.study._storage.get_trial(tid).state == TrialState.FAIL
 
 
@@ -107,12 +107,12 @@ def test_a_dead_pid_is_trusted_only_from_the_same_boot_and_pid_namespace(worker:
     # Another container with the same hostname: its PIDs mean nothing here; its heartbeat is fresh.
     other = _running_trial(worker)
     worker.leases.take(other, Owner("w0-container", host=socket.gethostname(), pid=pid))
-    assert worker.reap() == []
+    assert worker.reaper.reap() == []
     assert worker.study._storage.get_trial(other).state == TrialState.RUNNING
     # The same host, boot and PID namespace: a dead owner is reaped at once.
     here = _running_trial(worker)
     worker.leases.take(here, Owner("w1-dead", host=HOST, pid=pid))
-    assert worker.reap() == [worker.study._storage.get_trial(here).number]
+    assert worker.reaper.reap() == [worker.study._storage.get_trial(here).number]
 
 
 # -- first-time set-up --------------------------------------------------------------------------

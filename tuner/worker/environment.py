@@ -1,7 +1,8 @@
 """Tell a machine's transient state (disk full, out of memory, device busy) from a route's own failure.
 
-An `environment-error` says nothing about the route: it is never cached, the trial is retried a
-bounded number of times, and a burst of them pauses the worker (see `tuner.worker.loop`).
+An `environment-error` says nothing about the route: it is never cached, the trial's child is run
+again a bounded number of times (`tuner.worker.evaluate`), its route re-queued a bounded number of
+times (`tuner.worker.loop`), and a burst of them pauses the worker (`tuner.worker.after_tell`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ ENV_MESSAGE = re.compile(
 
 # A child that could not even write its result (its work dir is full) exits with this status (EX_TEMPFAIL).
 EXIT_ENVIRONMENT = 75
+
+ENV_ATTEMPTS = 3  # runs of one trial's child before an environment error is given up on (and re-queued)
+ENV_BACKOFF_S = 2.0  # wait before the second run; doubled for each further one
+ENV_REQUEUES = 2  # times a route is re-queued after environment errors before it is given up
+PAUSE_CAP_S = 120.0  # the longest pause of a worker that keeps meeting environment errors
 
 
 def environment_fault(exc: BaseException) -> str | None:

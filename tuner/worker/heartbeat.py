@@ -1,10 +1,12 @@
 """The heartbeat of a running trial's lease, as a context manager around the trial (as Optuna's `_optimize` has).
 
-A thread refreshes the lease every `heartbeat_s` seconds (`tuner.store.leases.Leases.beat`) from the
-moment the trial is reserved until it is told, so every wait a trial makes (for the baseline, for a
-lock, for its child) happens with its lease alive. A missed beat is tried again next period; the
-grace period covers a few. A beat that finds the lease no longer its own (reaped while this process
-was stopped) stops beating; the trial's writes are then refused by its fence.
+The worker's `with` spans one trial's suggestion and evaluation (`tuner.worker.loop.Worker.evaluate_and_tell`);
+as in Optuna, the tell follows the block, and its write ends the lease. A thread refreshes the lease
+every `heartbeat_s` seconds (`tuner.store.leases.Leases.beat`) meanwhile, so every wait a trial
+makes (for the baseline, for a lock, for its child) happens with its lease alive. A missed beat is
+tried again next period; the grace period covers a few. A beat that finds the lease no longer its
+own (reaped while this process was stopped) stops beating; the trial's writes are then refused by
+its fence.
 """
 
 from __future__ import annotations
