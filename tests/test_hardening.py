@@ -1,5 +1,6 @@
 """Hardening of workers and children: no password on a command line, environment errors
-retried and never cached, no orphaned children, signals at awkward moments, artifacts checked.
+retried and never cached, no orphaned children, a run whose workers all died ends with exit 3,
+signals at awkward moments, artifacts checked.
 
 Real processes, real signals, a real full disk (tmpfs) and real PostgreSQL; every wait is for an
 event the system under test announces (a file, a log line, a lock waiter), never a fixed sleep.
@@ -53,6 +54,13 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def worker_processes(mark: Path) -> list[int]:
+    """The live worker processes whose command line names `mark` (a test's own tmp_path, where its study file is)."""
+    return [
+        pid for pid, cmd, _ in processes() if str(mark).encode() in cmd and b"tuner.worker.main" in cmd and alive(pid)
+    ]
 
 
 def wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], limit_s: float = 180) -> None:
@@ -261,6 +269,35 @@ def test_a_hung_child_ends_itself_at_its_deadline(write_spec, sqlite_url, tmp_pa
     finally:
         if child.poll() is None:
             child.kill()
+
+
+# -- a run whose workers all died ----------------------------------------------------------------
+
+
+def test_a_run_whose_workers_all_died_exits_3(write_spec, pg_url, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
+            "run.budget": 4,
+            "run.workers": 2,
+        }
+    )
+    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
+    try:
+        wait_for_file(markers / "blocked-0", proc)  # one worker builds the baseline, the other waits for it
+        deadline = time.monotonic() + 60.0
+        while len(workers := worker_processes(tmp_path)) < 2:  # the pool starts its workers one after the other
+            assert time.monotonic() < deadline, f"the run's 2 workers not found: {workers}"
+            time.sleep(0.05)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=120) == 3, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        kill_tree(proc)
+    log = (tmp_path / "run.log").read_text()
+    assert "error: 2 worker(s) exited with an error (statuses [-9, -9])" in log and "Traceback" not in log, log[-3000:]
 
 
 # -- signals at awkward moments -------------------------------------------------------------
