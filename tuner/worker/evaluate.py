@@ -43,7 +43,7 @@ from tuner.worker.jobs import make_job, measure_settings, measurement_stats
 from tuner.worker.pairing import Pairing
 
 log = logging.getLogger("tuner.worker")
-NO_ARTIFACT: dict[str, Any] = {"artifact_path": None, "artifact_sha256": None, "artifact_bytes": None}
+NO_ARTIFACT: dict[str, Any] = {"artifact_path": None, "artifact_sha256": None, "artifact_bytes": None}  # not kept
 
 
 class Evaluator:
