@@ -12,12 +12,13 @@ from typing import Any
 
 import optuna
 
+from tuner.study import attrs as A
 from tuner.study import optuna_adapter as oa
 
 
 def attempt_of(trial: optuna.trial.FrozenTrial) -> int:
     """Which run of its route a trial is, counting the runs that ended `lost` (1 for the first)."""
-    return int(trial.user_attrs.get("attempt", 1))
+    return int(trial.user_attrs.get(A.ATTEMPT, 1))
 
 
 def route_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
@@ -33,11 +34,11 @@ def requeue(study: optuna.Study, frozen: optuna.trial.FrozenTrial, attempt: int,
     params = route_of(frozen)
     if not params:
         return  # it never sampled a route: the sampler proposes afresh
-    attrs: dict[str, Any] = {"retry_of": frozen.number}
+    attrs: dict[str, Any] = {A.RETRY_OF: frozen.number}
     if attempt > 1:
-        attrs["attempt"] = attempt
+        attrs[A.ATTEMPT] = attempt
     if env_requeues:
-        attrs["env_requeues"] = env_requeues
-    if frozen.user_attrs.get("source"):
-        attrs["source"] = frozen.user_attrs["source"]
+        attrs[A.ENV_REQUEUES] = env_requeues
+    if frozen.user_attrs.get(A.SOURCE):
+        attrs[A.SOURCE] = frozen.user_attrs[A.SOURCE]
     oa.enqueue_retry(study, params, attrs)  # idempotent: an earlier attempt may have enqueued it
