@@ -985,6 +985,9 @@ def main() -> None:
         row["waste"]["fault_free_wall_s"] = reference["wall_s"]
         row["waste"]["time_vs_fault_free"] = round(row["wall_s"] / reference["wall_s"], 2)
     row["machine_before"], row["machine_after"] = before, machine_state()
+    row["commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "chaos", "seeds": []}
     doc["seeds"] = [s for s in doc["seeds"] if s["seed"] != args.seed] + [row]
     doc["seeds"].sort(key=lambda s: s["seed"])
