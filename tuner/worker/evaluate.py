@@ -33,6 +33,7 @@ from tuner.store.cache import ResultStore, cache_key, new_run_id
 from tuner.store.db import is_db_fault
 from tuner.store.leases import Fence
 from tuner.store.models import CachedResult
+from tuner.study import attrs as A
 from tuner.study import optuna_adapter as oa
 from tuner.study import outcome
 from tuner.study.setup import Context
@@ -85,24 +86,24 @@ class Evaluator:
             options=spec.backend.options,
             measure=measure_settings(spec),
         )
-        extra: dict[str, Any] = {"cache_key": key[:16], "cache_hit": False, "environment": self.environment}
+        extra: dict[str, Any] = {A.CACHE_KEY: key[:16], A.CACHE_HIT: False, A.ENVIRONMENT: self.environment}
         reason = self.ctx.space.check(route)
         if reason:
             return J.Result(status=J.INVALID_ROUTE, message=reason), extra
         learned = self._learned_failure(route)
         if learned:  # a product this route needs already failed: no child, no budget
-            extra["failure_key"] = learned[0]
+            extra[A.FAILURE_KEY] = learned[0]
             return J.Result(status=J.KNOWN_FAILURE, message=f"needs {learned[1]}"), extra
         cached = self.results.lookup(key)
         if cached is not None and self._reusable(cached):
-            extra.update(cache_hit=True, cached_from=f"{cached.study}#{cached.trial_number}")
+            extra.update({A.CACHE_HIT: True, A.CACHED_FROM: f"{cached.study}#{cached.trial_number}"})
             result = J.Result.from_json(json.dumps(cached.result))
         else:
             result = self._run_child(number, route)
             if result.status in J.DETERMINISTIC and not self.stop.is_set():
                 self._store(key, number, route, result, fence)
         if result.status in outcome.FAILURES:  # what failed: a product the child just learned, else this route
-            extra["failure_key"] = (self._learned_failure(route) or (key[:16],))[0]
+            extra[A.FAILURE_KEY] = (self._learned_failure(route) or (key[:16],))[0]
         return result, extra
 
     def _learned_failure(self, route: dict[str, Any]) -> tuple[str, str] | None:

@@ -37,6 +37,7 @@ from tuner.measure.exclusive import HOST, DeviceLock
 from tuner.store.cache import ResultStore
 from tuner.store.db import STOP, db_retry, is_db_fault, study_lock
 from tuner.store.leases import Fence, LeaseLost, Leases, Owner
+from tuner.study import attrs as A
 from tuner.study import optuna_adapter as oa
 from tuner.study import outcome, racing
 from tuner.study.budget import count_trials
@@ -217,7 +218,7 @@ class Worker:
         if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT, J.ENVIRONMENT_ERROR):
             result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
         wall = time.perf_counter() - started
-        extra.update(trial_wall_s=round(wall, 4), overhead_s=round(wall - sum(result.phase_s.values()), 4))
+        extra.update({A.TRIAL_WALL_S: round(wall, 4), A.OVERHEAD_S: round(wall - sum(result.phase_s.values()), 4)})
         self._db(lambda: self._on_cores(lambda: self._tell(trial, result, extra, fence)))
         return result
 
@@ -241,7 +242,7 @@ class Worker:
         raises `LeaseLost` (the reaper re-queued the route).
         """
         frozen = oa.storage_of(self.study).get_trial(oa.trial_id(trial))
-        env_requeues = int(frozen.user_attrs.get("env_requeues", 0)) + 1 if result.status == J.ENVIRONMENT_ERROR else 0
+        env_requeues = int(frozen.user_attrs.get(A.ENV_REQUEUES, 0)) + 1 if result.status == J.ENVIRONMENT_ERROR else 0
         if env_requeues > ENV_REQUEUES:
             log.warning(
                 "trial %d: its route met environment errors in %d trials; given up (not re-queued, not counted)",
@@ -252,7 +253,7 @@ class Worker:
             with study_lock(self.ctx.url, self.spec.study):
                 requeue(self.study, frozen, attempt_of(frozen), env_requeues)  # not the route's doing: the same attempt
         attrs = outcome.user_attrs(
-            result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, "worker": self.name}
+            result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, A.WORKER: self.name}
         )
         base = racing.baseline_trial(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         return outcome.record(
