@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 from tests.conftest import tuner
 from tests.helpers import trials
 from tuner import __version__
+from tuner.cli.common import latency_line
 
 FAULT = "tests.backends:FaultBackend"
 FP32 = {"precision": ["fp32"]}
@@ -30,6 +31,13 @@ def test_help_and_version() -> None:
         assert shown.returncode == 0 and "Usage" in shown.stdout, (args, shown.stderr)
     version = tuner("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"route-tuner {__version__}"
+
+
+def test_the_latency_line_leaves_out_what_was_not_measured() -> None:
+    both = {"trial": 3, "measured_ms": {"trial": 0.026}, "default_ms": 0.0264}
+    assert latency_line(both) == "  trial 3: 0.026 ms in the study, default route 0.026 ms"
+    unpaired = {"trial": 1, "measured_ms": None, "default_ms": None}  # e.g. --no-confirm with no baseline figure
+    assert latency_line(unpaired) == "  trial 1: no latency measured in the study"
 
 
 def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them(write_spec, sqlite_url) -> None:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -88,6 +88,16 @@ def warn_password_in_argv() -> None:
 def fmt_ms(value: float | None) -> str:
     """Milliseconds for humans."""
     return "-" if value is None else f"{value:.3f} ms"
+
+
+def latency_line(doc: dict[str, Any]) -> str:
+    """`  trial N: <its measured ms> in the study, default route <ms>` of a verdict document, leaving out what was
+    not measured."""
+    measured, default = (doc.get("measured_ms") or {}).get("trial"), doc.get("default_ms")
+    parts = [f"{fmt_ms(measured)} in the study"] * (measured is not None) + [f"default route {fmt_ms(default)}"] * (
+        default is not None
+    )
+    return f"  trial {doc['trial']}: " + (", ".join(parts) or "no latency measured in the study")
 
 
 def fmt_x(value: float | None) -> str:

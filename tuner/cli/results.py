@@ -21,6 +21,7 @@ from tuner.cli.common import (
     emit_json,
     err_console,
     fmt_ms,
+    latency_line,
     study,
 )
 from tuner.errors import TunerError
@@ -108,10 +109,8 @@ def _print_best(doc: dict[str, Any], space_: SearchSpace | None) -> None:
         ci = doc["study_speedup_ci"]
         study_line = f"; the study's own estimate {Estimate(own, *(ci or (None, None)), paired=ci is not None).text()}"
     changed = change_lines(doc["route"], doc["default_route"], space_)
-    measured = (doc["measured_ms"] or {}).get("trial")
     console.print(
-        f"  trial {doc['trial']}: {fmt_ms(measured)} in the study, default route {fmt_ms(doc['default_ms'])}"
-        f"{study_line}\n"
+        f"{latency_line(doc)}{study_line}\n"
         f"  {doc['accuracy']['metric']} = {doc['accuracy']['value']} (tolerance {doc['accuracy']['tolerance']})\n"
         f"  changes from the default route:\n" + "\n".join(f"    {line}" for line in changed),
         highlight=False,

@@ -15,7 +15,7 @@ from tuner.cli.common import (
     console,
     emit_json,
     err_console,
-    fmt_ms,
+    latency_line,
     settings,
     study,
 )
@@ -115,10 +115,8 @@ def _print_verdict(doc: dict[str, Any]) -> None:
     console.print(doc["headline"], highlight=False, soft_wrap=True, markup=False)
     if doc.get("route") is not None:
         route = ", ".join(f"{k}={v}" for k, v in doc["route"].items())
-        measured = (doc.get("measured_ms") or {}).get("trial")
         console.print(
-            f"  trial {doc['trial']}: {fmt_ms(measured)} in the study, default route {fmt_ms(doc['default_ms'])}\n"
-            f"  route: {route}",
+            f"{latency_line(doc)}\n  route: {route}",
             highlight=False,
             soft_wrap=True,
             markup=False,
