@@ -207,6 +207,18 @@ def _procs() -> list[tuple[int, int, str]]:
     return out
 
 
+def _signal(pids: list[int], signum: int) -> list[int]:
+    """Send `signum` to each of `pids`; those still there (a backend may end between listing and signal)."""
+    sent = []
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+            sent.append(pid)
+        except ProcessLookupError:
+            pass
+    return sent
+
+
 def _owner_of_port(port: int) -> int | None:
     """The process that owns the local TCP port `port` on 127.0.0.1 (IPv4), if any."""
     inode = None
@@ -600,9 +612,7 @@ class Seed:
         return {"armed": list(STEPS)}
 
     def _freeze(self, seconds: float, sigterm: bool) -> dict[str, Any]:
-        pids = self.cluster.pids()
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
+        pids = _signal(self.cluster.pids(), signal.SIGSTOP)
         t = time.monotonic()
         detail: dict[str, Any] = {"frozen_s": seconds, "processes": len(pids)}
         try:
@@ -619,8 +629,7 @@ class Seed:
                     run.kill()
             time.sleep(max(0.0, seconds - (time.monotonic() - t)))  # the rest of the freeze
         finally:
-            for pid in pids:
-                os.kill(pid, signal.SIGCONT)
+            _signal(pids, signal.SIGCONT)
         return detail
 
     def freeze_short(self) -> dict[str, Any]:
