@@ -663,6 +663,7 @@ class Seed:
                     "--uts",
                     "--pid",
                     "--fork",
+                    "--kill-child",  # the host's processes end with the benchmark, also when it is killed
                     "--mount-proc",
                     "sh",
                     "-c",
