@@ -60,6 +60,7 @@ from tests.models import conv_model  # noqa: E402
 from tests.pg_faults import Watch  # noqa: E402
 from tests.proxy import TcpProxy  # noqa: E402
 from tuner.store.db import lock_key  # noqa: E402
+from tuner.worker.environment import ENV_REQUEUES  # noqa: E402
 
 PG_BIN = (
     sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1] if Path("/usr/lib/postgresql").exists() else Path("/usr/bin")
@@ -810,11 +811,17 @@ class Seed:
                    (SELECT value_json FROM trial_system_attributes s
                     WHERE s.trial_id = t.trial_id AND s.key = 'fixed_params'),
                    (SELECT value_json FROM trial_user_attributes a
-                    WHERE a.trial_id = t.trial_id AND a.key = 'cache_hit')
+                    WHERE a.trial_id = t.trial_id AND a.key = 'cache_hit'),
+                   (SELECT value_json FROM trial_user_attributes a
+                    WHERE a.trial_id = t.trial_id AND a.key = 'retry_of'),
+                   (SELECT value_json FROM trial_user_attributes a
+                    WHERE a.trial_id = t.trial_id AND a.key = 'env_requeues'),
+                   (SELECT value_json FROM trial_user_attributes a
+                    WHERE a.trial_id = t.trial_id AND a.key = 'message')
             FROM trials t ORDER BY t.number""",
         )
         trials = []
-        for number, state, fc, params, fixed, hit in rows:
+        for number, state, fc, params, fixed, hit, retry_of, env_requeues, message in rows:
             route = json.dumps(params or (json.loads(fixed) if fixed else {}), sort_keys=True)
             trials.append(
                 {
@@ -823,6 +830,9 @@ class Seed:
                     "class": json.loads(fc) if fc else "",
                     "route": route,
                     "cache_hit": hit == "true",
+                    "retry_of": json.loads(retry_of) if retry_of else None,
+                    "env_requeues": json.loads(env_requeues) if env_requeues else 0,
+                    "message": json.loads(message) if message else "",
                 }
             )
         uncounted = {"interrupted", "lost", "environment-error"}
@@ -834,7 +844,7 @@ class Seed:
         counted_routes = [t["route"] for t in counted]
         built = [t["route"] for t in counted if not t["cache_hit"]]  # a cache hit reuses a result: no build
         requeued = [t for t in trials if t["state"] == "FAIL" and t["class"] in uncounted]
-        lost = [t for t in requeued if t["route"] != "{}" and t["route"] not in counted_routes]
+        lost, given_up = _unresolved(trials, counted, requeued)
         cache = _query(self.direct, "SELECT status, result->>'message' FROM tuner_results")
         builds = [json.loads(p.read_text()) for p in self.build_log.glob("*.json")]
         orphans = [cmd for _, _, cmd in _procs() if str(self.spec) in cmd or str(self.disk) in cmd]
@@ -859,6 +869,8 @@ class Seed:
             "trials_counted": len(counted),
             "budget_exact": len(counted) == self.budget,
             "trials_lost": len(lost),
+            "lost": [{k: t[k] for k in ("number", "class", "route", "message")} for t in lost],
+            "routes_given_up_after_environment_errors": len(given_up),
             "trials_left_running": sum(1 for t in trials if t["state"] in ("RUNNING", "WAITING")),
             "routes_built_twice": len(built) - len(set(built)),
             "duplicates": [
@@ -888,6 +900,25 @@ class Seed:
                 "routes_lost_more_than_once": sum(1 for r in set(lost_routes) if lost_routes.count(r) > 1),
             },
         }
+
+
+def _unresolved(
+    trials: list[dict[str, Any]], counted: list[dict[str, Any]], requeued: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The uncounted trials whose chain of re-runs (trials whose `retry_of` names them, and theirs) never reached a
+    counted end: (lost, given up on purpose after ENV_REQUEUES environment re-queues, not re-queued by design)."""
+    done = {t["number"] for t in counted}
+    reruns: dict[int, list[int]] = {}
+    for t in trials:
+        if t["retry_of"] is not None:
+            reruns.setdefault(int(t["retry_of"]), []).append(t["number"])
+
+    def resolved(number: int) -> bool:
+        return number in done or any(resolved(n) for n in reruns.get(number, []))
+
+    open_ = [t for t in requeued if not resolved(t["number"]) and not reruns.get(t["number"])]
+    given_up = [t for t in open_ if t["class"] == "environment-error" and t["env_requeues"] >= ENV_REQUEUES]
+    return [t for t in open_ if t not in given_up], given_up
 
 
 def _concurrent_duplicates(builds: list[dict[str, Any]], build_s: float) -> int:
@@ -1006,6 +1037,8 @@ def main() -> None:
     keys = (
         "faults_injected",
         "trials_lost",
+        "lost",
+        "routes_given_up_after_environment_errors",
         "trials_left_running",
         "routes_built_twice",
         "concurrent_duplicate_builds",
