@@ -964,7 +964,19 @@ TABLE = (
     ("stopped workers reaped while stopped", "reaped_while_stopped"),
     ("SIGTERM under a frozen database answered within 15 s", "sigterm_answered_within_15s"),
     ("first run's exit status", "first_run_exit"),
+    ("routes given up after repeated environment errors", "routes_given_up_after_environment_errors"),
+    ("budget spent on timeouts", "waste.budget_on_timeouts"),
+    ("routes lost more than once", "waste.routes_lost_more_than_once"),
+    ("time to finish against a fault-free run", "waste.time_vs_fault_free"),
 )
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    """One table cell: `key` (dotted for a nested one) of a seed's row."""
+    value: Any = row
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return ("yes" if value else "no") if isinstance(value, bool) else "-" if value is None else str(value)
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -973,11 +985,7 @@ def table(doc: dict[str, Any]) -> str:
     head = "| | " + " | ".join(f"seed {s['seed']} ({s['outage_s']:g} s outage)" for s in seeds) + " |"
     rows = [head, "|---" * (len(seeds) + 1) + "|"]
     for label, key in TABLE:
-        rows.append(
-            f"| {label} | "
-            + " | ".join(("yes" if s[key] else "no") if isinstance(s[key], bool) else str(s[key]) for s in seeds)
-            + " |"
-        )
+        rows.append(f"| {label} | " + " | ".join(_cell(s, key) for s in seeds) + " |")
     return "\n".join(rows)
 
 
