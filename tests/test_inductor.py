@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -393,7 +394,6 @@ def test_a_two_shape_inductor_study_is_timed_at_each_shape_and_exports_both(
     tmp_path: Path, write_spec: SpecWriter, pg_url: str, shared_cache: str
 ) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
-    import os
 
     spec = write_spec(
         **{
@@ -427,15 +427,7 @@ def test_a_two_shape_inductor_study_is_timed_at_each_shape_and_exports_both(
     assert best.returncode == 0, best.stderr[-3000:]
     snippet = (out / "compile_inductor.py").read_text()
     assert "SHAPES = [{'x': [1, 16]}, {'x': [2, 16]}]" in snippet
-    ran = subprocess.run(
-        [sys.executable, str(out / "compile_inductor.py")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
-    )
-    assert ran.returncode == 0, ran.stderr[-3000:]
+    ran = _run_snippet(out, tmp_path, env)
     assert ran.stdout.strip().splitlines()[-2:] == ["[[1, 4]]", "[[2, 4]]"]  # compiled and run at each shape
 
 
@@ -447,7 +439,6 @@ def test_the_export_snippet_compiles_the_route_as_the_trial_did(
     tmp_path: Path, mlp: tuple[Path, Any], shared_cache: str
 ) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
-    import os
 
     from tuner.backends.base import ExportRequest
 
@@ -481,13 +472,19 @@ def test_the_export_snippet_compiles_the_route_as_the_trial_did(
     out.mkdir()
     (out / "compile_inductor.py").write_text(snippet)
     (out / "model.onnx").write_bytes(model.read_bytes())
+    ran = _run_snippet(out, tmp_path, {"TORCHINDUCTOR_CACHE_DIR": shared_cache})
+    assert ran.stdout.strip().splitlines()[-1] == "[[2, 4]]"
+
+
+def _run_snippet(export: Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the export's compile_inductor.py in a fresh interpreter (with `env` added); it must succeed."""
     ran = subprocess.run(
-        [sys.executable, str(out / "compile_inductor.py")],
+        [sys.executable, str(export / "compile_inductor.py")],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=cwd,
         timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": shared_cache},
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
     )
     assert ran.returncode == 0, ran.stderr[-3000:]
-    assert ran.stdout.strip().splitlines()[-1] == "[[2, 4]]"
+    return ran
