@@ -13,6 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +34,7 @@ from tuner.store.leases import LeaseLost
 from tuner.store.models import CachedResult
 from tuner.store.urls import normalize_url
 from tuner.study.setup import Context
+from tuner.worker.after_tell import EnvironmentPause
 from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
 
@@ -460,3 +462,20 @@ def test_workers_racing_at_the_budget_edge_never_exceed_it(write_spec: SpecWrite
         assert workers[0].reserve()[0] is not None
     assert count_trials(workers[0].ctx.url, study_id).counted == 1
     assert workers[1].reserve()[0] is None  # the budget is spent
+
+
+def test_a_paused_worker_keeps_reaping_the_trials_of_stopped_workers() -> None:
+    """While it waits out environment errors, a worker still re-queues what stopped workers hold: it is live."""
+    stop = threading.Event()
+    reaps: list[int] = []
+
+    def reap() -> None:
+        reaps.append(len(reaps))
+        if len(reaps) == 3:
+            stop.set()  # ends the pause (as SIGTERM would): the test needs no clock
+
+    pause = EnvironmentPause("w0", stop, reap, reap_every_s=0.01)
+    pause.after_tell(J.Result(status=J.ENVIRONMENT_ERROR, message="disk full"))
+    assert reaps == [0, 1, 2] and pause.streak == 1
+    pause.after_tell(J.Result(status=J.OK))
+    assert pause.streak == 0 and len(reaps) == 3  # no pause, no reaping, after a trial that went well

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,10 +51,16 @@ class DashboardNote:
 
 @dataclass
 class EnvironmentPause:
-    """After an environment error, pause (doubling, capped) instead of burning budget; say so once."""
+    """After an environment error, pause (doubling, capped) instead of burning budget; say so once.
+
+    A paused worker is still a live one: every `reap_every_s` of its pause it reaps the trials of workers that
+    stopped (`reap`), so a stopped worker's trial is re-queued even while every other worker is paused.
+    """
 
     worker: str  # the worker's name, in the lines it logs
     stop: threading.Event  # ends a pause
+    reap: Callable[[], object]  # re-queues the trials of stopped workers (`tuner.worker.reap.Reaper.reap`)
+    reap_every_s: float  # how often it reaps while paused (the run's grace_s)
     streak: int = field(default=0, init=False)  # trials in a row that ended in an environment error
 
     def after_tell(self, result: J.Result) -> None:
@@ -73,7 +81,9 @@ class EnvironmentPause:
                 ENV_ATTEMPTS,
                 PAUSE_CAP_S,
             )
-        self.stop.wait(pause)
+        ends = time.monotonic() + pause
+        while (left := ends - time.monotonic()) > 0 and not self.stop.wait(min(left, self.reap_every_s)):
+            self.reap()
 
 
 @dataclass

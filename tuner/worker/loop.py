@@ -127,7 +127,7 @@ class Worker:
         )
         self.after_tell: list[AfterTell] = [
             DashboardNote(self.study, self.cores),
-            EnvironmentPause(self.name, self.stop.event),
+            EnvironmentPause(self.name, self.stop.event, lambda: self._db(self.reaper.reap), run.grace_s),
         ]
         if run.racing:
             self.after_tell.append(RaceLeaders(self.racer, self.stop.event))
