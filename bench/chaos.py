@@ -515,20 +515,12 @@ class Seed:
         workers = [w for w in self._wait_for("worker") if w in leased] or self._wait_for("worker")
         if not workers:
             return {"skipped": "no worker"}
-        victim = self.rng.choice(sorted(workers))
-        os.kill(victim, signal.SIGSTOP)
-        t = time.monotonic()
-        reaped = False
-        while time.monotonic() - t < 6 * self.grace_s:
-            rows = _query(
-                self.direct, "SELECT count(*) FROM tuner_leases WHERE pid = %s AND state = 'reaped'", (victim,)
-            )
-            if rows[0][0]:
-                reaped = True
+        for _ in range(20):  # a worker between two trials holds nothing to reap: pick again
+            victim = self.rng.choice(sorted(workers))
+            out = self._stop_until_reaped(victim, (victim,), limit_s=6 * self.grace_s)
+            if "skipped" not in out:
                 break
-            time.sleep(0.2)
-        os.kill(victim, signal.SIGCONT)
-        return {"pid": victim, "stopped_s": round(time.monotonic() - t, 1), "reaped_while_stopped": reaped}
+        return out
 
     def pg_restart(self) -> dict[str, Any]:
         self.cluster.restart()
@@ -556,18 +548,32 @@ class Seed:
         filler.unlink()
         return {"full_s": round(time.monotonic() - t, 1), "a_worker_paused": paused}
 
-    def _stop_until_reaped(self, victim: int, owners: tuple[int, ...]) -> dict[str, Any]:
-        """SIGSTOP `victim` until a lease of one of `owners` (pids; 0: an ownerless lease) is reaped, then SIGCONT."""
-        before = {int(r[0]) for r in _query(self.direct, "SELECT trial_id FROM tuner_leases WHERE state = 'reaped'")}
+    def _stop_until_reaped(self, victim: int, owners: tuple[int, ...], limit_s: float | None = None) -> dict[str, Any]:
+        """SIGSTOP `victim` until a lease that one of `owners` (pids; 0: an ownerless lease) held when it stopped is
+        reaped (at most `limit_s`, default 10 x grace_s + 60 s), then SIGCONT."""
         os.kill(victim, signal.SIGSTOP)
         t = time.monotonic()
+        held = [
+            int(r[0])
+            for r in _query(
+                self.direct,
+                "SELECT trial_id FROM tuner_leases WHERE state = 'running' AND pid = ANY(%s)",
+                (list(owners),),
+            )
+        ]
         reaped = False
-        while not reaped and time.monotonic() - t < 10 * self.grace_s + 60:
-            rows = _query(self.direct, "SELECT trial_id, pid FROM tuner_leases WHERE state = 'reaped'")
-            reaped = any(int(tid) not in before and int(pid) in owners for tid, pid in rows)
+        while held and not reaped and time.monotonic() - t < (limit_s or 10 * self.grace_s + 60):
             time.sleep(0.2)
+            reaped = bool(
+                _query(
+                    self.direct,
+                    "SELECT count(*) FROM tuner_leases WHERE state = 'reaped' AND trial_id = ANY(%s)",
+                    (held,),
+                )[0][0]
+            )
         os.kill(victim, signal.SIGCONT)
-        return {"pid": victim, "stopped_s": round(time.monotonic() - t, 1), "reaped_while_stopped": reaped}
+        out = {"pid": victim, "stopped_s": round(time.monotonic() - t, 1), "reaped_while_stopped": reaped}
+        return out if held else {**out, "skipped": "it held no trial when it stopped"}
 
     def stop_baseline(self) -> dict[str, Any]:
         """SIGSTOP the worker of trial 0 (the baseline, which the others pair with) until it is reaped."""
@@ -856,7 +862,7 @@ class Seed:
             SELECT count(*) - count(DISTINCT (study, trial_number, kind, md5(samples_ms::text), md5(stats::text)))
             FROM tuner_measurements""",
         )[0][0]
-        stops = [f for f in self.faults if "reaped_while_stopped" in f]
+        stops = [f for f in self.faults if "reaped_while_stopped" in f and "skipped" not in f]
         sigterms = [f for f in self.faults if f["fault"] == "freeze_long_sigterm" and "skipped" not in f]
         return {
             "seed": self.seed,
@@ -916,7 +922,9 @@ def _unresolved(
     def resolved(number: int) -> bool:
         return number in done or any(resolved(n) for n in reruns.get(number, []))
 
-    open_ = [t for t in requeued if not resolved(t["number"]) and not reruns.get(t["number"])]
+    open_ = [  # a trial lost before it sampled a route has nothing to run again (the sampler proposes afresh)
+        t for t in requeued if t["route"] != "{}" and not resolved(t["number"]) and not reruns.get(t["number"])
+    ]
     given_up = [t for t in open_ if t["class"] == "environment-error" and t["env_requeues"] >= ENV_REQUEUES]
     return [t for t in open_ if t not in given_up], given_up
 

@@ -21,7 +21,7 @@ from tuner.store.leases import Fence, Leases
 from tuner.study import optuna_adapter as oa
 from tuner.study import outcome
 from tuner.study.setup import Context
-from tuner.worker.requeue import attempt_of, requeue
+from tuner.worker.requeue import attempt_of, requeue, route_of
 
 log = logging.getLogger("tuner.worker")
 
@@ -71,8 +71,9 @@ class Reaper:
             log.warning("trial %d: its route was lost in %d runs (run.max_attempts); failed", frozen.number, attempt)
         else:
             requeue(self.study, frozen, attempt + 1)
-            result = J.Result(status=J.LOST, message=f"{why}; re-queued")
-            log.warning("trial %d lost its worker; re-queued", frozen.number)
+            what = "re-queued" if route_of(frozen) else "it had sampled no route yet: nothing to re-queue"
+            result = J.Result(status=J.LOST, message=f"{why}; {what}")
+            log.warning("trial %d lost its worker; %s", frozen.number, what)
         attrs = outcome.user_attrs(result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {})
         outcome.record(
             self.study, frozen, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs, fence=fence
