@@ -40,6 +40,17 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+@pytest.fixture(autouse=True)
+def no_outage_from_an_earlier_test() -> None:
+    """Each test starts with this process's view of the database clear (`tuner.store.db.OUTAGE`): an outage an
+    earlier test caused with in-process workers must not make this test's reaper distrust every heartbeat."""
+    import math
+
+    from tuner.store.db import OUTAGE
+
+    OUTAGE.since, OUTAGE.ended_at = None, -math.inf
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_timing_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Timing locks private to this test run (tuner.measure.exclusive), inherited by every process it starts.
