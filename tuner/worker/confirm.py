@@ -10,9 +10,9 @@ are pooled as a random-effects combination (`tuner.measure.speedup.pooled_speedu
 does, with the Hartung-Knapp interval a few measurements need), whose interval widens when they disagree.
 
 A win is reported only when its interval lies above MIN_SPEEDUP, not merely above 1.0: the processes
-of one study are not fully independent draws (children forked from one pre-imported server inherit
-its memory layout; they share the host's state of the hour), and an A/A study of one engine against
-itself showed pooled offsets of up to 1.4 % whose intervals excluded 1.0 (docs/confirmation.md).
+of one study are not fully independent draws (their estimates sit together, each study at its own
+offset; why is not established), and an A/A study of one engine against itself showed pooled offsets
+of up to 1.4 % whose intervals excluded 1.0 (docs/measurement.md).
 
 Rounds run one after another and stop as soon as the verdict cannot change (`decided`): the
 leader's interval lies above MIN_SPEEDUP and clear of every other candidate's, or every candidate's
