@@ -94,9 +94,11 @@ def latency_line(doc: dict[str, Any]) -> str:
     """`  trial N: <its measured ms> in the study, default route <ms>` of a verdict document, leaving out what was
     not measured."""
     measured, default = (doc.get("measured_ms") or {}).get("trial"), doc.get("default_ms")
-    parts = [f"{fmt_ms(measured)} in the study"] * (measured is not None) + [f"default route {fmt_ms(default)}"] * (
-        default is not None
-    )
+    parts = []
+    if measured is not None:
+        parts.append(f"{fmt_ms(measured)} in the study")
+    if default is not None:
+        parts.append(f"default route {fmt_ms(default)}")
     return f"  trial {doc['trial']}: " + (", ".join(parts) or "no latency measured in the study")
 
 
