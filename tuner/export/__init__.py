@@ -11,6 +11,7 @@ is written through `ExportWriter`: all or nothing, never through a symbolic link
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,9 +76,12 @@ def model_inputs(ctx: Context) -> dict[str, dict[str, Any]]:
     return out
 
 
-def measured_shapes(ctx: Context, trial: FrozenTrial | None = None) -> list[dict[str, Any]]:
+def measured_shapes(
+    ctx: Context, trial: FrozenTrial | None = None, figures: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
     """The input shapes the study measured at, each with its weight, and with `trial` what it measured there:
-    the default's and the route's latency (ms), the speedup and its interval (None where it was not timed paired)."""
+    the default's and the route's latency (ms), the speedup and its interval (None where it was not timed paired);
+    `figures` (per shape, e.g. `Headline.shapes`: the confirmation's or racing's) in place of the trial's own."""
     declared = [dict(s) for s in ctx.spec.objective.shapes] or [
         {"inputs": {k: list(v) for k, v in ctx.spec.model.inputs.items()}, "weight": 1.0}
     ]
@@ -93,7 +97,7 @@ def measured_shapes(ctx: Context, trial: FrozenTrial | None = None) -> list[dict
         }
     ]
     keys = ("default_ms", "route_ms", "speedup", "ci")
-    return [{**d, **{k: m.get(k) for k in keys}} for d, m in zip(declared, measured)]
+    return [{**d, **{k: m.get(k) for k in keys}} for d, m in zip(declared, list(figures) or measured)]
 
 
 def machine_share(ctx: Context, trial: FrozenTrial | None = None) -> dict[str, Any]:

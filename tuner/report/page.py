@@ -10,7 +10,7 @@ from pathlib import Path
 from tuner.report.data import ReportData, TrialRow
 from tuner.space import canonical_route
 from tuner.spec.shapes import shape_label
-from tuner.study.verdict import UNCONFIRMED, Estimate
+from tuner.study.verdict import FROM_CONFIRMATION, FROM_RACING, Estimate
 
 CAPTIONS = {
     "history": "Every timed trial's latency; red crosses broke the accuracy tolerance, ticks at the bottom are trials "
@@ -114,7 +114,9 @@ def _shapes(data: ReportData) -> str:
     head = data.headline
     if head is None or head.trial is None or len(head.shapes) < 2:
         return ""
-    source = "its own timing in the study" if head.verdict == UNCONFIRMED else "the confirmation"
+    source = {FROM_CONFIRMATION: "the confirmation", FROM_RACING: "racing's re-measurements, pooled"}.get(
+        head.shapes_from, "its own timing in the study"
+    )
     rows = "".join(
         f"<tr><td>{escape(shape_label(s['inputs']))}</td><td>{s['weight']:g}</td><td>{_ms(s.get('default_ms'))}</td>"
         f"<td>{_ms(s.get('route_ms'))}</td>"

@@ -64,4 +64,7 @@ MODEL_SHA256 = "model_sha256"  # the model's content hash (a warm start matches 
 DEVICE_KIND = "device_kind"  # the kind of device the study runs on (a warm start matches on it)
 WARM_START = "warm_start"  # {"sources", "observations"}: what the warm start took from other studies
 RACING = "racing"  # {"<trial number>": refined standing}: racing's re-measurements (`tuner.study.racing`)
+# a racing entry's key with [[objective.shapes]]: per shape inputs, weight, speedup, ci, confidence, route_ms,
+# default_ms and measurements, every paired measurement of the trial pooled shape by shape
+SHAPES_REFINED = "shapes_refined"
 CONFIRMATION = "confirmation"  # the end-of-study confirmation document (`tuner.worker.confirm`)

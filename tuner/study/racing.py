@@ -23,7 +23,11 @@ trial's attributes or value): `{"<trial number>": {...}}` with `speedup_refined`
 re-measurement, as a random-effects combination, `tuner.measure.speedup.pooled_speedup`),
 `value_refined` (the study value from the refined speedup), `remeasured` (how
 many re-measurements), `confirmed` (bool, see `is_confirmed`) and, while a worker re-measures it,
-`claim`. Each re-measurement's samples are kept in `tuner_measurements` (kind `race`). Read it
+`claim`. With `[[objective.shapes]]` it also has `shapes_refined` (`A.SHAPES_REFINED`): each shape's
+cycles of the same measurements pooled the same way, shape by shape (`shape_pools`;
+`tuner.measure.pooling.ShapePools.rows`: inputs, weight, `speedup`, `ci`, `confidence`, the median
+`route_ms` and `default_ms`, and `measurements`, how many were pooled), which the verdict says for a
+re-measured trial. Each re-measurement's samples are kept in `tuner_measurements` (kind `race`). Read it
 with `races(study)`; the study's best is `best_confirmed(trials, races)`.
 
 The value told to Optuna for a paired trial is `baseline value / speedup_paired`: the baseline
@@ -42,6 +46,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.measure.pooling import ShapePools
 from tuner.measure.speedup import Speedup, pooled_speedup
 from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
@@ -154,33 +159,52 @@ def refine(measurements: Sequence[Sequence[float]], confidence: float) -> Speedu
     return pooled_speedup(measurements, confidence)
 
 
+def shape_pools(paired: Sequence[Mapping[str, Any]]) -> ShapePools:
+    """Each shape's figures of a trial's paired measurements (each a kept measurement's `paired` stats, see
+    `tuner.worker.jobs.measurement_stats`), shape by shape; empty without `[[objective.shapes]]`."""
+    pools = ShapePools()
+    for p in paired:
+        if p.get("shapes"):
+            pools.add(p["shapes"])
+    return pools
+
+
 def after_remeasure(
     entry: Mapping[str, Any],
     measurements: Sequence[Sequence[float]],
     failure: str | None,
     baseline_value: float | None,
     contended: bool = False,
+    shapes: ShapePools | None = None,
 ) -> dict[str, Any]:
     """The change to a trial's racing entry after one re-measurement (its claim released).
 
     `measurements` are the per-cycle log ratios of every uncontended paired measurement of the trial,
-    the new one included; `failure` says why the re-measurement gave none (the trial then races no
-    more); a `contended` one spends a re-measurement and refines nothing.
+    the new one included, and `shapes` the same measurements' per-shape figures (`shape_pools`);
+    `failure` says why the re-measurement gave none (the trial then races no more); a `contended` one
+    spends a re-measurement and refines nothing.
     """
     change: dict[str, Any] = {"claim": None}
     if contended:
         change["contended"] = int(entry.get("contended", 0)) + 1
     elif failure is None:
         change.update(
-            refined_attrs(refine(measurements, CONFIDENCE), int(entry.get("remeasured", 0)) + 1, baseline_value)
+            refined_attrs(
+                refine(measurements, CONFIDENCE),
+                int(entry.get("remeasured", 0)) + 1,
+                baseline_value,
+                shapes.rows(CONFIDENCE, few=False) if shapes else None,
+            )
         )
     else:
         change.update(remeasured=REMEASURE_MAX, race_failure=failure[:300])
     return change
 
 
-def refined_attrs(pooled: Speedup, remeasured: int, baseline_value: float | None) -> dict[str, Any]:
-    """The racing attributes of a trial after a re-measurement."""
+def refined_attrs(
+    pooled: Speedup, remeasured: int, baseline_value: float | None, shapes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The racing attributes of a trial after a re-measurement (`shapes`: each shape's pooled row, if any)."""
     s = Standing(-1, pooled.estimate, pooled.low, pooled.high, remeasured)
     attrs: dict[str, Any] = {
         "speedup_refined": pooled.estimate,
@@ -190,4 +214,6 @@ def refined_attrs(pooled: Speedup, remeasured: int, baseline_value: float | None
     }
     if baseline_value and math.isfinite(pooled.estimate) and pooled.estimate > 0:
         attrs["value_refined"] = baseline_value / pooled.estimate
+    if shapes:
+        attrs[A.SHAPES_REFINED] = shapes
     return attrs

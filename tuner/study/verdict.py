@@ -12,8 +12,10 @@ route; `study_speedup` is always the study's estimate: the trial's paired ratio 
 engine, refined where racing re-measured it (`tuner.study.racing.standing`), else the ratio of the
 default's and the trial's values, each measured once and apart in time. Before a confirmation the
 headline is about racing's confirmed best where there is one, else the study's best feasible trial.
-With `[[objective.shapes]]` the headline keeps the per-shape figures its estimate stands on (`shapes`:
-the confirmation's for a confirmed route, else the trial's own) and its sentence says them.
+With `[[objective.shapes]]` the headline keeps the per-shape figures its estimate stands on (`shapes`,
+where from in `shapes_from`): the confirmation's for a confirmed route; else, for a trial racing
+re-measured, racing's pooled figures (`tuner.study.racing`, `A.SHAPES_REFINED`); else the trial's own.
+Its sentence says them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ NO_SIGNIFICANT = "no-significant-speedup"
 DEFAULT_IS_FASTEST = "default-is-fastest"
 UNCONFIRMED = "unconfirmed"
 VERDICTS = (SPEEDUP, NO_SIGNIFICANT, DEFAULT_IS_FASTEST, UNCONFIRMED)
+FROM_CONFIRMATION, FROM_RACING, FROM_TRIAL = "confirmation", "racing", "trial"  # where a headline's `shapes` come from
+Shapes = tuple[tuple[Mapping[str, Any], ...], str]  # per-shape figures and where they come from
 LEGACY = {"default-fastest": DEFAULT_IS_FASTEST}  # what confirmations stored before the names were unified
 
 
@@ -72,6 +76,7 @@ class Headline:
     export_trial: int | None  # what `tuner best --export` writes: the winner, the default route, or None
     baseline_trial: int | None
     shapes: tuple[Mapping[str, Any], ...] = ()  # per shape: inputs, weight, speedup, ci, route_ms, default_ms
+    shapes_from: str = ""  # FROM_CONFIRMATION, FROM_RACING or FROM_TRIAL; "" without per-shape figures
 
     def to_json(self) -> dict[str, Any]:
         """The verdict keys of `tuner best --json` and `tuner status --json`."""
@@ -134,12 +139,24 @@ def decide(
         confirmed = Estimate(float(conf["speedup"]), low, high, paired=True)
         export = trial.number if verdict == SPEEDUP else base_no
         row = next((r for r in conf.get("candidates") or [] if r.get("trial") == trial.number), {})
-        shapes = tuple(row.get("shapes") or ())
+        shapes, source = (
+            (tuple(row["shapes"]), FROM_CONFIRMATION) if row.get("shapes") else racing_shapes(trial, races or {})
+        )
         sentence = (
-            _confirmed_sentence(verdict, trial.number, confirmed, conf) + _per_shape(shapes) + _stale(summary, conf)
+            _confirmed_sentence(verdict, trial.number, confirmed, conf)
+            + _per_shape(shapes, source)
+            + _stale(summary, conf)
         )
         return Headline(
-            verdict, sentence, trial, confirmed, study_estimate(trial, baseline, races), export, base_no, shapes
+            verdict,
+            sentence,
+            trial,
+            confirmed,
+            study_estimate(trial, baseline, races),
+            export,
+            base_no,
+            shapes,
+            source,
         )
     if (
         conf
@@ -162,9 +179,25 @@ def decide(
         best_confirmed(trials, races or {}) or summary.best
     )  # racing's confirmed best, else the study's best feasible
     study = study_estimate(best, baseline, races)
-    shapes = tuple(best.user_attrs.get(A.SHAPES) or ()) if best is not None else ()
-    sentence = _unconfirmed_sentence(summary, best, study, conf) + _per_shape(shapes)
-    return Headline(UNCONFIRMED, sentence, best, study, study, None, base_no, shapes)
+    shapes, source = study_shapes(best, races or {}) if best is not None else ((), "")
+    sentence = _unconfirmed_sentence(summary, best, study, conf) + _per_shape(shapes, source)
+    return Headline(UNCONFIRMED, sentence, best, study, study, None, base_no, shapes, source)
+
+
+def racing_shapes(trial: FrozenTrial, races: Races) -> Shapes:
+    """Racing's pooled per-shape figures for `trial` (FROM_RACING), or ((), "") where racing has none."""
+    refined = (races.get(str(trial.number)) or {}).get(A.SHAPES_REFINED)
+    return (tuple(refined), FROM_RACING) if refined else ((), "")
+
+
+def study_shapes(trial: FrozenTrial, races: Races) -> Shapes:
+    """The study's own per-shape figures for `trial`: racing's pooled ones where racing re-measured it (as
+    `study_estimate` is racing's refined speedup), else its own timing's (FROM_TRIAL); ((), "") without."""
+    refined = racing_shapes(trial, races)
+    if refined[0]:
+        return refined
+    own = tuple(trial.user_attrs.get(A.SHAPES) or ())
+    return own, FROM_TRIAL if own else ""
 
 
 def _positive(value: Any) -> bool:
@@ -203,9 +236,11 @@ def _confirmed_sentence(verdict: str, trial: int, est: Estimate, conf: Mapping[s
     )
 
 
-def _per_shape(shapes: Sequence[Mapping[str, Any]]) -> str:
+def _per_shape(shapes: Sequence[Mapping[str, Any]], source: str) -> str:
     text = per_shape(shapes)
-    return f" Per shape: {text}." if text else ""
+    if not text:
+        return ""
+    return f" Per shape, racing's re-measurements pooled: {text}." if source == FROM_RACING else f" Per shape: {text}."
 
 
 def _stale(summary: Summary, conf: Mapping[str, Any]) -> str:

@@ -54,8 +54,9 @@ from optuna.trial import FrozenTrial
 
 from tuner import job as J
 from tuner.errors import TunerError
+from tuner.measure.pooling import Pooled, ShapePools, median_finite
 from tuner.measure.shapes import per_shape
-from tuner.measure.speedup import Speedup, pooled_speedup
+from tuner.measure.speedup import Speedup
 from tuner.space import canonical_route
 from tuner.store.cache import ResultStore, new_run_id
 from tuner.store.db import confirmation_lock, db_now
@@ -82,28 +83,6 @@ METHOD = (
 NOTHING_TO_CONFIRM = "nothing-to-confirm"  # a confirmation outcome; the other verdicts are `tuner.study.verdict`'s
 
 
-@dataclass(kw_only=True)
-class Pooled:
-    """Paired measurements of one route (or of one route at one input shape): one entry per uncontended process."""
-
-    log_ratios: list[list[float]] = field(default_factory=list)  # per-cycle log(default / candidate) of each process
-    latency_ms: list[float] = field(default_factory=list)  # the candidate's statistic in each process
-    default_ms: list[float] = field(default_factory=list)  # the default's statistic in the same processes
-
-    def add(self, log_ratios: list[float], latency_ms: float, default_ms: float | None) -> None:
-        """Keep one process's cycles and both engines' statistic."""
-        self.log_ratios.append([float(d) for d in log_ratios])
-        self.latency_ms.append(float(latency_ms))
-        self.default_ms.append(float("nan") if default_ms is None else float(default_ms))
-
-    def pooled(self, level: float) -> Speedup | None:
-        """The pooled speedup at `level`, or None before any process gave an interval."""
-        try:
-            return pooled_speedup(self.log_ratios, level, few=True)
-        except ValueError:
-            return None
-
-
 @dataclass
 class Candidate(Pooled):
     """One candidate route's measurements against the default, and (`[[objective.shapes]]`) each shape's."""
@@ -112,32 +91,7 @@ class Candidate(Pooled):
     contended: int = 0  # processes whose timing stayed contended: kept, not pooled
     loads: list[dict[str, Any]] = field(default_factory=list)  # each timed process's contention summary
     failure: str = ""
-    shapes: list[tuple[dict[str, Any], float, Pooled]] = field(default_factory=list)  # (inputs, weight, its figures)
-
-    def add_shapes(self, entries: list[dict[str, Any]]) -> None:
-        """Keep one process's per-shape figures (`tuner.measure.shapes.shape_entry`), shape by shape."""
-        if not self.shapes:
-            self.shapes = [(dict(e["inputs"]), float(e["weight"]), Pooled()) for e in entries]
-        for (_, _, figures), e in zip(self.shapes, entries):
-            figures.add(e.get("log_ratios") or [], e["route_ms"], e.get("default_ms"))
-
-    def shape_rows(self, level: float) -> list[dict[str, Any]]:
-        """Each shape's pooled speedup and interval at `level` and both engines' median statistic (ms)."""
-        rows = []
-        for inputs, weight, figures in self.shapes:
-            s = figures.pooled(level)
-            rows.append(
-                {
-                    "inputs": inputs,
-                    "weight": weight,
-                    "route_ms": _median(figures.latency_ms),
-                    "default_ms": _median(figures.default_ms),
-                    "speedup": s.estimate if s else None,
-                    "ci": [s.low, s.high] if s else None,
-                    "confidence": s.confidence if s else None,
-                }
-            )
-        return rows
+    shapes: ShapePools = field(default_factory=ShapePools)  # each shape's figures
 
 
 @dataclass(frozen=True)
@@ -416,7 +370,7 @@ def _add(c: Candidate, res: J.Result, statistic: str) -> tuple[Speedup | None, b
         return own, True
     c.add(p["log_ratios"], res.latency[statistic], (p.get("baseline_latency") or {}).get(statistic))
     if p.get("shapes"):
-        c.add_shapes(p["shapes"])
+        c.shapes.add(p["shapes"])
     return own, False
 
 
@@ -438,9 +392,11 @@ def judge(
         if s is None:
             row["failure"] = c.failure or "no uncontended measurement"
         else:
-            row.update(s.to_dict(), median_ms=statistics.median(c.latency_ms), default_median_ms=_median(c.default_ms))
+            row.update(
+                s.to_dict(), median_ms=statistics.median(c.latency_ms), default_median_ms=median_finite(c.default_ms)
+            )
             if c.shapes:
-                row["shapes"] = c.shape_rows(level)
+                row["shapes"] = c.shapes.rows(level)
             judged.append((c, s))
         rows.append(row)
     rounds = max((len(c.log_ratios) for c in candidates), default=0)
@@ -453,7 +409,7 @@ def judge(
         "method": METHOD.format(
             statistic=statistic, level=level, k=len(candidates), looks=looks(cap), min_speedup=MIN_SPEEDUP
         ),
-        "default_median_ms": _median([v for c in candidates for v in c.default_ms]),
+        "default_median_ms": median_finite([v for c in candidates for v in c.default_ms]),
     }
     base["contention"] = contention(candidates)
     if not judged:
@@ -486,7 +442,7 @@ def judge(
             f"no significant speedup over the default route: best candidate trial {entry.trial.number} at "
             f"{s.estimate:.3f}x ({interval} {short})",
         )
-    shapes = per_shape(entry.shape_rows(level))
+    shapes = per_shape(entry.shapes.rows(level))
     if shapes:
         message += f"; per shape: {shapes}"
     if base["contention"].get("contended_processes"):
@@ -533,11 +489,6 @@ def _nothing(candidates: list[Candidate], why: str) -> dict[str, Any]:
         "candidates": rows,
         "rounds": max((len(c.log_ratios) for c in candidates), default=0),
     }
-
-
-def _median(values: list[float]) -> float | None:
-    finite = [v for v in values if v == v]
-    return statistics.median(finite) if finite else None
 
 
 class Session:

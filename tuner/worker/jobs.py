@@ -17,13 +17,15 @@ from tuner.study.setup import Context
 
 
 def measurement_stats(result: J.Result) -> dict[str, Any]:
-    """What a kept measurement records of its pairing: the ratio, its interval, the per-cycle log ratios."""
+    """What a kept measurement records of its pairing: the ratio, its interval, the per-cycle log ratios, and with
+    `[[objective.shapes]]` each shape's figures as the timing gave them (`shapes`: `tuner.measure.shapes.shape_entry`,
+    its own log ratios included, which racing pools per shape)."""
     p = result.paired
     return (
         {
             "paired": {
                 k: p[k]
-                for k in ("paired", "speedup", "ci", "stop", "cycles", "log_ratios", "baseline_latency")
+                for k in ("paired", "speedup", "ci", "stop", "cycles", "log_ratios", "baseline_latency", "shapes")
                 if k in p
             }
         }

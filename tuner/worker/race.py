@@ -1,15 +1,16 @@
 """Racing during the study: re-measure close leaders (paired, exclusive) before the worker asks for more.
 
-After each trial a worker looks at the feasible paired trials (`tuner.study.racing.to_race`): a
-leader never re-measured, and leaders whose intervals overlap, are timed again on their stored
-artifacts in a fresh child (`tuner.study.reuse`), paired with the baseline engine like a trial.
-Each re-measurement is kept (`tuner_measurements`, kind `race`), every paired cycle of the trial is
-pooled into one refined interval, and the study's `racing` document is updated under the study
-lock. A trial is claimed there while it is re-measured, so two workers never race the same trial
-at once; a claim older than the trial timeout (by the database clock, one for every host) belongs to a
-dead worker and is taken over. Each claim carries the id of its re-measurement: its measurement row is
-stored once under that id, and its racing change is applied only while the claim is still its own, so
-a retried record (the connection broke after a commit) or a claim taken over changes nothing twice.
+After each trial a worker looks at the feasible paired trials (`tuner.study.racing.to_race`): a leader
+never re-measured, and leaders whose intervals overlap, are timed again on their stored artifacts in a
+fresh child (`tuner.study.reuse`), paired with the baseline engine like a trial. Each re-measurement is
+kept (`tuner_measurements`, kind `race`), every paired cycle of the trial is pooled into one refined
+interval (with `[[objective.shapes]]` each shape's cycles too, shape by shape), and the study's `racing`
+document is updated under the study lock. A trial is claimed there while it is re-measured, so two
+workers never race the same trial at once; a claim older than the trial timeout (by the database clock,
+one for every host) belongs to a dead worker and is taken over. Each claim carries the id of its
+re-measurement: its measurement row is stored once under that id, and its racing change is applied only
+while the claim is still its own, so a retried record (the connection broke after a commit) or a claim
+taken over changes nothing twice.
 """
 
 from __future__ import annotations
@@ -139,13 +140,14 @@ class Racer:
                         result.samples_ms,
                         result.timing_info,
                     )
-                cycles = [
-                    list(p.get("log_ratios", []))
+                kept = [
+                    p
                     for m in self.results.measurements(self.ctx.spec.study)
                     if m.trial_number == number
                     and m.kind in ("trial", KIND)
                     and not (p := m.stats.get("paired") or {}).get("contended")
                 ]
+                cycles = [list(p.get("log_ratios", [])) for p in kept]
                 with study_lock(self.ctx.url, self.ctx.spec.study):
                     entry = self._update(number, None)
                     if (entry.get("claim") or {}).get("run") != run_id:
@@ -154,7 +156,9 @@ class Racer:
                         )
                         return ok
                     failure = None if timed else f"{result.status}: {result.message}" if result else "not run"
-                    change = racing.after_remeasure(entry, cycles, failure, baseline_value, contended)
+                    change = racing.after_remeasure(
+                        entry, cycles, failure, baseline_value, contended, racing.shape_pools(kept)
+                    )
                     self._update(number, change)
         if ok:
             log.info("trial %d re-measured: %s", number, change)
