@@ -4,6 +4,7 @@ ratios."""
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import optuna
@@ -75,6 +76,38 @@ def test_confirmed_best_and_incumbent() -> None:
     assert R.incumbent([_trial(3, 0.9, (0.8, 0.95))], {}) == 1.0  # never below the default route
     attrs = R.refined_attrs(R.refine([[math.log(1.3)] * 6, [math.log(1.32)] * 6], 0.95), 1, 10.0)
     assert attrs["confirmed"] and attrs["value_refined"] == pytest.approx(10.0 / attrs["speedup_refined"])
+    assert "shapes_refined" not in attrs  # one shape: nothing per shape
+
+
+def test_a_re_measurement_of_several_shapes_pools_each_shape_as_it_pools_the_mixed_cycles() -> None:
+    rng = random.Random(3)
+
+    def cycles(speedup: float) -> list[float]:
+        return [math.log(speedup) + rng.gauss(0, 0.01) for _ in range(12)]
+
+    def entry(batch: int, weight: float, speedup: float) -> dict[str, object]:
+        return {"inputs": {"x": [batch, 3]}, "weight": weight, "route_ms": 1.0, "log_ratios": cycles(speedup)}
+
+    paired = [  # the trial's own measurement and one re-measurement (`measurement_stats`); a shapeless old one
+        {"log_ratios": cycles(1.2), "shapes": [entry(1, 0.7, 1.3), {**entry(4, 0.3, 1.0), "default_ms": 2.0}]},
+        {"log_ratios": cycles(1.2), "shapes": [entry(1, 0.7, 1.3), {**entry(4, 0.3, 1.0), "default_ms": 4.0}]},
+        {"log_ratios": cycles(1.2)},
+    ]
+    change = R.after_remeasure(
+        {"remeasured": 0}, [p["log_ratios"] for p in paired], None, 10.0, False, R.shape_pools(paired)
+    )
+    assert change["remeasured"] == 1 and change["speedup_refined"] == pytest.approx(1.2, rel=0.02)
+    fast, flat = change["shapes_refined"]
+    for i, (row, speedup, inputs) in enumerate(((fast, 1.3, [1, 3]), (flat, 1.0, [4, 3]))):
+        pooled = R.refine([p["shapes"][i]["log_ratios"] for p in paired[:2]], R.CONFIDENCE)  # the same pooling
+        assert row["inputs"] == {"x": inputs} and row["measurements"] == 2 and row["confidence"] == R.CONFIDENCE
+        assert (row["speedup"], row["ci"]) == (pooled.estimate, [pooled.low, pooled.high])
+        assert row["ci"][0] <= row["speedup"] <= row["ci"][1] and row["speedup"] == pytest.approx(speedup, rel=0.02)
+    assert fast["default_ms"] is None and flat["default_ms"] == 3.0 and flat["route_ms"] == 1.0
+    no_shapes = R.after_remeasure(
+        {"remeasured": 0}, [p["log_ratios"] for p in paired], None, 10.0, False, R.shape_pools(paired[2:])
+    )
+    assert "shapes_refined" not in no_shapes and no_shapes.keys() == {*change} - {"shapes_refined"}
 
 
 def test_study_value_is_the_baseline_latency_over_the_paired_speedup() -> None:

@@ -15,6 +15,7 @@ from tests.models import conv_model
 from tuner.errors import SpecError
 from tuner.measure.speedup import Speedup, mixed_cycles, weighted_speedup
 from tuner.spec import load_spec
+from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
 from tuner.study.setup import Context
 
@@ -142,6 +143,51 @@ def test_a_two_shape_confirmation_says_each_shape_and_the_share_of_the_machine(
     assert report.returncode == 0, report.stderr[-2000:]
     html = (tmp_path / "report" / "report.html").read_text()
     assert f"<h2>Per input shape: trial {row['trial']}</h2>" in html and "<td>x 4x3x16x16</td><td>0.3</td>" in html
+
+
+def test_racing_pools_each_shape_of_a_re_measured_trial_and_the_verdict_says_racing_s_figures(
+    write_spec, pg_url, tmp_path: Path
+) -> None:
+    """The tiny model with a dynamic batch at two shapes, racing on, no confirmation: each re-measured trial's racing
+    entry pools every uncontended paired measurement of it shape by shape, as it pools them all."""
+    spec = write_spec(
+        **{
+            "model.path": str(conv_model(tmp_path / "batched.onnx", batch="N")),
+            "model.inputs": {"x": {"shape": X}},
+            "objective.shapes": [{"inputs": {"x": X}, "weight": 0.7}, {"inputs": {"x": [4, 3, 16, 16]}, "weight": 0.3}],
+            "backend.name": "tests.backends:SameEngineBackend",
+            "run.budget": 3,
+            "run.startup_trials": 3,
+        }
+    )
+    ran = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
+    raced = {int(n): e for n, e in study.user_attrs["racing"].items() if e.get("remeasured")}
+    assert raced, study.user_attrs["racing"]
+    kept = ResultStore(normalize_url(pg_url)).measurements("tiny")
+    for number, entry in raced.items():
+        pooled = [
+            m
+            for m in kept
+            if m.trial_number == number
+            and m.kind in ("trial", "race")
+            and (m.stats.get("paired") or {}).get("shapes")
+            and not m.stats["paired"].get("contended")
+        ]
+        assert len([m for m in pooled if m.kind == "race"]) == entry["remeasured"]
+        rows = entry["shapes_refined"]
+        assert [(s["inputs"]["x"][0], s["weight"]) for s in rows] == [(1, 0.7), (4, 0.3)], rows
+        for s in rows:
+            assert s["measurements"] == len(pooled) and s["confidence"] == 0.95
+            assert s["ci"][0] <= s["speedup"] <= s["ci"][1] and s["route_ms"] > 0 and s["default_ms"] > 0
+    best = tuner("best", str(spec), "--storage", pg_url, "--json")
+    assert best.returncode == 0, best.stderr[-2000:]
+    doc = json.loads(best.stdout)
+    if doc["trial"] in raced:  # the verdict is about a re-measured trial: racing's per-shape figures, said so
+        rows = raced[doc["trial"]]["shapes_refined"]
+        assert doc["shapes_from"] == "racing" and [s["ci"] for s in doc["shapes"]] == [s["ci"] for s in rows]
+        assert " Per shape, racing's re-measurements pooled: x 1x3x16x16 " in doc["headline"], doc["headline"]
 
 
 def test_a_study_with_one_core_times_every_route_on_one_core_and_never_proposes_more_threads(

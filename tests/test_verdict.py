@@ -181,3 +181,26 @@ def test_with_several_shapes_the_sentence_says_each_shape_s_speedup_from_what_it
     assert head.shapes == tuple(confirmed) and "1.30x" not in head.sentence
     one = _study(*THREE, paired={1: {**paired[1], "shapes": measured[:1]}})
     assert "Per shape" not in _decide(one).sentence  # one shape: the speedup is that shape's
+
+
+def test_a_trial_racing_re_measured_is_said_with_racing_s_per_shape_figures_until_a_confirmation_has_its_own() -> None:
+    measured = [_shape(1, 1.3, [1.2, 1.4]), _shape(8, 0.9, [0.8, 1.0])]
+    paired = {1: {"paired": True, "speedup_paired": 1.1, "speedup_paired_ci": [1.0, 1.2], "shapes": measured}}
+    study = _study(*THREE, paired=paired)
+    pooled = [_shape(1, 1.2, [1.15, 1.25]), _shape(8, 1.01, [1.0, 1.02])]
+    racing = {
+        "1": {"speedup_refined": 1.12, "speedup_refined_ci": [1.1, 1.14], "remeasured": 1, "shapes_refined": pooled}
+    }
+    study.set_user_attr("racing", racing)
+    _, head = V.study_headline(study)  # racing-confirmed, not confirmed at the end
+    assert head.verdict == V.UNCONFIRMED and head.shapes == tuple(pooled) and head.shapes_from == V.FROM_RACING
+    assert head.sentence.endswith(
+        " Per shape, racing's re-measurements pooled: x 1x3x16x16 1.20x [1.15-1.25], x 8x3x16x16 1.01x [1.00-1.02]."
+    )
+    conf = _confirmation("speedup", 1, 1.15, [1.1, 1.2], winner=1)  # a confirmation row without per-shape figures
+    head = V.decide(summarize_study(study), conf, study.get_trials(deepcopy=False), racing)
+    assert head.verdict == V.SPEEDUP and head.shapes == tuple(pooled) and head.shapes_from == V.FROM_RACING
+    confirmed = [_shape(1, 1.25, [1.22, 1.28]), _shape(8, 0.95, [0.9, 0.99])]
+    conf["candidates"] = [{"trial": 1, "shapes": confirmed}]
+    head = V.decide(summarize_study(study), conf, study.get_trials(deepcopy=False), racing)
+    assert head.shapes == tuple(confirmed) and head.shapes_from == V.FROM_CONFIRMATION and "racing" not in head.sentence
