@@ -107,13 +107,10 @@ trial_timeout_s = 300
     assert all(t.user_attrs["shapes"][1]["route_ms"] > t.user_attrs["shapes"][0]["route_ms"] for t in done)
 
 
-@pytest.mark.slow
-def test_a_two_shape_confirmation_says_each_shape_and_the_share_of_the_machine(
-    write_spec, pg_url, tmp_path: Path
-) -> None:
-    """The tiny model with a dynamic batch at two shapes, every route the same engine: the confirmation pools each
-    shape apart, and the verdict, the note and the report say each shape's speedup and how the study was timed."""
-    spec = write_spec(
+def _two_shapes(write_spec, tmp_path: Path) -> Path:
+    """The tiny model with a dynamic batch, served at batch 1 (weight 0.7) and 4 (0.3); every route the same engine,
+    three trials."""
+    return write_spec(
         **{
             "model.path": str(conv_model(tmp_path / "batched.onnx", batch="N")),
             "model.inputs": {"x": {"shape": X}},
@@ -123,6 +120,15 @@ def test_a_two_shape_confirmation_says_each_shape_and_the_share_of_the_machine(
             "run.startup_trials": 3,
         }
     )
+
+
+@pytest.mark.slow
+def test_a_two_shape_confirmation_says_each_shape_and_the_share_of_the_machine(
+    write_spec, pg_url, tmp_path: Path
+) -> None:
+    """The tiny model with a dynamic batch at two shapes, every route the same engine: the confirmation pools each
+    shape apart, and the verdict, the note and the report say each shape's speedup and how the study was timed."""
+    spec = _two_shapes(write_spec, tmp_path)
     ran = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "3")
     assert ran.returncode == 0, ran.stderr[-3000:]
     doc = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url)).user_attrs["confirmation"]
@@ -150,16 +156,7 @@ def test_racing_pools_each_shape_of_a_re_measured_trial_and_the_verdict_says_rac
 ) -> None:
     """The tiny model with a dynamic batch at two shapes, racing on, no confirmation: each re-measured trial's racing
     entry pools every uncontended paired measurement of it shape by shape, as it pools them all."""
-    spec = write_spec(
-        **{
-            "model.path": str(conv_model(tmp_path / "batched.onnx", batch="N")),
-            "model.inputs": {"x": {"shape": X}},
-            "objective.shapes": [{"inputs": {"x": X}, "weight": 0.7}, {"inputs": {"x": [4, 3, 16, 16]}, "weight": 0.3}],
-            "backend.name": "tests.backends:SameEngineBackend",
-            "run.budget": 3,
-            "run.startup_trials": 3,
-        }
-    )
+    spec = _two_shapes(write_spec, tmp_path)
     ran = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
     assert ran.returncode == 0, ran.stderr[-3000:]
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
