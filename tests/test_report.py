@@ -187,12 +187,17 @@ def test_the_page_has_a_table_of_each_shape_of_the_route_the_verdict_is_about() 
         }
         for n, w, s, ci in ((1, 0.7, 1.25, [1.2, 1.3]), (8, 0.3, 0.95, [0.9, 0.99]))
     )
-    head = Headline(V.SPEEDUP, "Use trial 3.", trial, V.Estimate(1.1, 1.05, 1.15, True), None, 3, 0, shapes)
+    est = V.Estimate(1.1, 1.05, 1.15, True)
+    head = Headline(V.SPEEDUP, "Use trial 3.", trial, est, None, 3, 0, shapes, V.FROM_CONFIRMATION)
     data = ReportData("s", "median", "cosine", 1e-3, _empty("s"), [], None, headline=head)
     html = page.render(data, {})
     table = html[html.index("<h2>Per input shape: trial 3</h2>") : html.index("<h2>Fastest feasible routes</h2>")]
     assert "<td>&lt;b&gt;x 8x3x16x16</td><td>0.3</td><td>2 ms</td><td>2.105 ms</td><td>0.950x</td>" in table
     assert "1.200x-1.300x" in table and "From the confirmation" in table
+    raced = replace(head, verdict=V.UNCONFIRMED, shapes_from=V.FROM_RACING)  # racing's pooled figures, said so
+    assert "From racing's re-measurements, pooled; " in page.render(
+        ReportData("s", "median", "cosine", 1e-3, _empty("s"), [], None, headline=raced), {}
+    )
     one = page.render(
         ReportData("s", "median", "cosine", 1e-3, _empty("s"), [], None, headline=replace(head, shapes=shapes[:1])), {}
     )
