@@ -184,6 +184,25 @@ def test_the_confirmation_stops_as_soon_as_the_verdict_is_decided() -> None:
     assert doc["stopped"] == "cap" and doc["rounds"] == 8 and not any(e.decided for e in events)
 
 
+def test_candidates_that_cannot_be_told_apart_but_all_win_decide_the_verdict() -> None:
+    """Two routes equally fast and both clearly faster than the default: the verdict cannot change, so stop."""
+    doc, events = _run({1: 2.0, 2: 2.0})
+    assert doc["verdict"] == V.SPEEDUP and doc["stopped"] == "decided" and doc["rounds"] == C.MIN_ROUNDS
+    assert "so is every candidate that cannot be told apart" in events[-1].decided
+    other = 2 if doc["winner_trial"] == 1 else 1
+    assert f"as fast within the measurement, and also confirmed: trial {other} " in doc["message"], doc["message"]
+    doc, events = _run({1: 2.0, 2: 1.01})  # one clear leader, the other not a win: no tie, decided by separation
+    assert doc["winner_trial"] == 1 and "also confirmed" not in doc["message"]
+
+
+def test_a_candidate_that_can_no_longer_be_the_answer_is_not_measured_again() -> None:
+    """Candidate 3 is clearly slower after MIN_ROUNDS; the undecided pair goes on without it."""
+    doc, events = _run({1: 1.0, 2: 1.0, 3: 0.5})
+    rows = {row["trial"]: row for row in doc["candidates"]}
+    assert rows[3]["processes"] == C.MIN_ROUNDS < rows[2]["processes"], rows
+    assert sum(e.trial == 3 for e in events) == C.MIN_ROUNDS
+
+
 def test_a_win_must_clear_the_least_speedup_worth_reporting() -> None:
     """A consistent 0.5 % edge is significant (its interval excludes 1.0) but no win: it never reaches MIN_SPEEDUP."""
     doc, events = _run({1: 1.005}, spread=0.001)
@@ -211,6 +230,9 @@ def test_contended_processes_are_run_again_and_decide_nothing() -> None:
         "the host was busy throughout" in doc["message"]
         and doc["contention"]["contended_processes"] == 2 * C.MIN_ROUNDS
     )
+    doc, events = _run({1: 2.0, 2: 1.0}, contended_rounds=(0, 1, 3, 4))  # most rounds contended
+    assert doc["stopped"] == "busy" and "the host was busy" in doc["message"]
+    assert len(events) < 2 * (8 + C.CONTENDED_EXTRA)  # stopped before the cap and its extra rounds
 
 
 def test_candidates_are_feasible_distinct_and_not_the_default_route() -> None:

@@ -15,16 +15,20 @@ offset; why is not established), and an A/A study of one engine against itself s
 of up to 1.4 % whose intervals excluded 1.0 (docs/measurement.md).
 
 Rounds run one after another and stop as soon as the verdict cannot change (`decided`): the
-leader's interval lies above MIN_SPEEDUP and clear of every other candidate's, or every candidate's
-lies below MIN_SPEEDUP (none can become a win); else at the cap (`rounds`, default DEFAULT_ROUNDS),
-after at least MIN_ROUNDS. Looking
+leader's interval lies above MIN_SPEEDUP and clear of every other candidate's; or it lies above
+MIN_SPEEDUP and so does that of every candidate not clear of it (whichever of them is used, its
+speedup is confirmed: the leader is named, the others beside it); or every candidate's lies below
+MIN_SPEEDUP (none can become a win); else at the cap (`rounds`, default DEFAULT_ROUNDS), after at
+least MIN_ROUNDS. A candidate that can no longer be the answer (its interval below another's, or
+below MIN_SPEEDUP) is not measured again (`settled`). Looking
 after every round is paid for in the intervals: each is at the level 1 - (1 - confidence) / (k *
 looks), Bonferroni over the k candidates and the looks the cap allows, so the family of intervals
 holds jointly at the requested confidence at every look, and a study whose routes are all the same
 engine reports a win at most 1 - confidence of the time. A process whose timing stayed contended
 by other work on the host (`contended` in its paired summary) is kept but decides nothing; it is
-run again, up to CONTENDED_EXTRA extra rounds; when MIN_ROUNDS rounds gave no uncontended process
-at all the confirmation stops and says the host was busy.
+run again, up to CONTENDED_EXTRA extra rounds; when after MIN_ROUNDS rounds more than BUSY_SHARE of
+the processes were contended, the host is busy (more rounds would mostly be contended too): the
+confirmation stops, judges what was measured uncontended, and says the host was busy.
 
 With `[[objective.shapes]]` a process's per-shape figures are pooled too, shape by shape, at the same
 level: each candidate row gets `shapes` (inputs, weight, `speedup`, `ci`, the median `route_ms` and
@@ -74,6 +78,7 @@ DEFAULT_ROUNDS = 8  # the cap on rounds (processes per candidate) unless --confi
 MIN_ROUNDS = 3  # processes per candidate before the verdict may be decided: their spread needs three to be seen
 MIN_SPEEDUP = 1.01  # the least speedup reported as a win: its interval must lie above this, not just above 1.0
 CONTENDED_EXTRA = 4  # rounds run beyond the cap to replace contended processes
+BUSY_SHARE = 2 / 3  # after MIN_ROUNDS rounds, more than this share of processes contended: the host is busy, stop
 METHOD = (
     "per candidate: fresh processes, each timing it paired with the default route in ABBA blocks of the {statistic} "
     "latency; the processes' Hodges-Lehmann estimates pooled by random effects (DerSimonian-Laird); intervals at "
@@ -141,15 +146,29 @@ def decided(standings: Mapping[int, Speedup]) -> str:
     if not standings:
         return ""
     leader, best = max(standings.items(), key=lambda item: item[1].estimate)
-    if is_win(best) and all(best.low > s.high for n, s in standings.items() if n != leader):
+    close = [n for n, s in standings.items() if n != leader and s.high >= best.low]  # not clear of the leader
+    if is_win(best) and not close:
         return f"trial {leader} is faster than the default route" + (
             " and than every other candidate" if len(standings) > 1 else ""
+        )
+    if is_win(best) and all(is_win(standings[n]) for n in close):
+        tied = ", ".join(str(n) for n in close)
+        return (
+            f"trial {leader} is faster than the default route, and so is every candidate that cannot be told apart "
+            f"from it (trial {tied})"
         )
     if all(s.slower for s in standings.values()):
         return "every candidate is slower than the default route"
     if all(s.high < MIN_SPEEDUP for s in standings.values()):
         return f"no candidate can be {MIN_SPEEDUP}x faster than the default route"
     return ""
+
+
+def settled(number: int, standings: Mapping[int, Speedup]) -> bool:
+    """Whether the candidate `number` can no longer be the answer: its interval lies below another candidate's, or
+    below MIN_SPEEDUP (it cannot become a win); more processes of it would not change the verdict."""
+    s = standings.get(number)
+    return s is not None and (s.high < MIN_SPEEDUP or any(s.high < o.low for n, o in standings.items() if n != number))
 
 
 def is_win(s: Speedup) -> bool:
@@ -334,9 +353,17 @@ def run_rounds(
     report: Callable[[RoundEvent], None],
 ) -> str:
     """Rounds of one process per candidate until `decided` (each with MIN_ROUNDS) or the cap: "decided" or "cap"
-    ("busy" when MIN_ROUNDS rounds gave no uncontended process at all)."""
+    ("busy" when after MIN_ROUNDS rounds more than BUSY_SHARE of the processes were contended). A `settled`
+    candidate is not measured again."""
+    standings: dict[int, Speedup] = {}
     for r in range(cap + CONTENDED_EXTRA):
-        live = [c for c in candidates if not c.failure and len(c.log_ratios) < cap]
+        live = [
+            c
+            for c in candidates
+            if not c.failure
+            and len(c.log_ratios) < cap
+            and not (len(c.log_ratios) >= MIN_ROUNDS and settled(c.trial.number, standings))
+        ]
         if not live:
             break
         order = live[r % len(live) :] + live[: r % len(live)]
@@ -348,8 +375,10 @@ def run_rounds(
             report(RoundEvent(r + 1, cap, c.trial.number, own, contended, c.failure, standings, why))
             if why:
                 return "decided"
-        if r + 1 >= MIN_ROUNDS and not any(c.log_ratios for c in candidates):
-            # every process so far contended: the host's other work keeps the cores, more rounds will not decide
+        contended_n = sum(c.contended for c in candidates)
+        timed = contended_n + sum(len(c.log_ratios) for c in candidates)
+        if r + 1 >= MIN_ROUNDS and contended_n > BUSY_SHARE * timed:
+            # the host's other work keeps the cores: more rounds would mostly be contended too
             return "busy"
     return "cap"
 
@@ -429,6 +458,9 @@ def judge(
             SPEEDUP,
             f"trial {entry.trial.number} is {s.estimate:.3f}x faster than the default route ({interval})",
         )
+        close = [f"trial {c.trial.number} {o.estimate:.3f}x" for c, o in wins if c is not entry and o.high >= s.low]
+        if close:
+            message += f"; as fast within the measurement, and also confirmed: {', '.join(close)}"
     elif all(s.slower for _, s in judged):
         verdict, message = (
             DEFAULT_IS_FASTEST,
