@@ -479,3 +479,42 @@ def test_a_paused_worker_keeps_reaping_the_trials_of_stopped_workers() -> None:
     assert reaps == [0, 1, 2] and pause.streak == 1
     pause.after_tell(J.Result(status=J.OK))
     assert pause.streak == 0 and len(reaps) == 3  # no pause, no reaping, after a trial that went well
+
+
+def test_a_trial_whose_stopped_worker_holds_up_the_others_timings_is_reaped_while_they_wait(
+    write_spec: SpecWriter, pg_url: str, tmp_path: Path, own_timing_locks: Path
+) -> None:
+    # A worker stopped with a host lock held shared (here by its build, which blocks): every other worker's
+    # child then waits to time, up to trial_timeout_s. The waiting worker reaps meanwhile, so the stopped
+    # worker's trial is re-queued long before any such wait ends.
+    markers = tmp_path / "markers"
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"1": "block"}},
+            "run.budget": 4,
+            "run.workers": 2,
+            "run.heartbeat_s": 0.5,
+            "run.grace_s": 20.0,  # longer than any trial here: the other worker reserves again before it
+            "run.trial_timeout_s": 900.0,
+            "run.sampler": "random",
+        }
+    )
+    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
+    try:
+        wait_for_file(markers / "blocked-1", proc)
+        stopped = int((markers / "blocked-1").read_text())  # its child holds the host lock shared, and blocks
+        os.kill(stopped, signal.SIGSTOP)
+        lost = _until(
+            lambda: [t for t in trials(pg_url, "tiny") if t.user_attrs.get("failure_class") == "lost"],
+            "the stopped worker's trial reaped",
+            limit_s=300.0,
+            proc=proc,
+        )
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+        (markers / "release").touch()
+    assert len(lost) == 1
+    assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    ts = trials(pg_url, "tiny")
+    assert len(_counted(ts)) == 4 and not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]

@@ -188,8 +188,11 @@ def test_every_postgresql_connection_has_bounded_waits_and_keepalives(pg_url) ->
 
 HOLDER = """
 import os, signal, sys
+from sqlalchemy import text
 from tuner.store.db import study_lock
 with study_lock(sys.argv[1], "s") as held:
+    if sys.argv[3] == "mid-check":  # frozen between check()'s statement and its commit
+        held.conn.execute(text("SELECT 1"))
     open(sys.argv[2], "w").close()
     os.kill(os.getpid(), signal.SIGSTOP)  # frozen while holding the study lock
     try:
@@ -207,11 +210,14 @@ with study_lock(sys.argv[1], "s"):
 """
 
 
-def test_a_frozen_study_lock_holder_does_not_stall_the_other_workers(pg_url, tmp_path: Path) -> None:
+@pytest.mark.parametrize("frozen", ["idle", "mid-check"])
+def test_a_frozen_study_lock_holder_does_not_stall_the_other_workers(pg_url, tmp_path: Path, frozen: str) -> None:
+    # The lock's session is ended after lock_hold_s wherever its holder froze, also between a statement on it and
+    # that statement's commit (idle_tx_s, left at its 5 minutes, would keep the waiter past its deadline).
     url = normalize_url(pg_url)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_PG_TIMEOUTS": "lock_hold_s=1"}
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(HOLDER), url, str(tmp_path / "held")],
+        [sys.executable, "-c", textwrap.dedent(HOLDER), url, str(tmp_path / "held"), frozen],
         env=env,
         stdout=subprocess.PIPE,
         text=True,

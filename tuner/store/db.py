@@ -402,16 +402,20 @@ def _named_lock(
         return
     key = lock_key(name)
     with get_engine(url).connect() as conn:
-        if blocking:
-            _acquire(conn, key, name)
-        elif not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
-            conn.commit()
-            yield None
-            return
+        # Autocommit: the lock's session is never idle inside a transaction, where idle_session_timeout does not
+        # apply (a holder frozen between a statement and its commit would keep the lock for idle_tx_s). The limit
+        # is set before the lock is taken, so no moment of holding it is without one.
+        conn.execution_options(isolation_level="AUTOCOMMIT")
         hold = conn.dialect.server_version_info >= (14,)
         if hold:  # idle_session_timeout exists from PostgreSQL 14
             conn.execute(text(f"SET idle_session_timeout = {_ms(PgTimeouts.from_env().lock_hold_s)}"))
-        conn.commit()
+        if blocking:
+            _acquire(conn, key, name)
+        elif not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+            if hold:
+                conn.execute(text("RESET idle_session_timeout"))
+            yield None
+            return
         toucher = _SessionToucher(conn, PgTimeouts.from_env().lock_hold_s / 4) if keep_alive else None
         try:
             yield HeldLock(None if toucher else conn)

@@ -8,10 +8,11 @@ Cheapest first:
 3. a result cached under the route's content key (model, data, backend and its version, environment,
    route, options, measurement settings) is reused, unless it is a gate failure this tolerance passes;
 4. otherwise a fresh child builds, checks and times it (`tuner.worker.isolate`), paired with the
-   baseline (`tuner.worker.pairing`). An environment error runs the child again (`ENV_ATTEMPTS` runs in
-   all, backing off); the artifact it built is kept (`tuner.worker.artifacts`) and its log goes to
-   Optuna's artifact store. What the child found about the route itself (a deterministic status) is
-   stored, the cache row and the measurement row, only while the trial's lease holds.
+   baseline (`tuner.worker.pairing`), the worker reaping meanwhile (`tuner.worker.reap.reaping`). An
+   environment error runs the child again (`ENV_ATTEMPTS` runs in all, backing off); the artifact it
+   built is kept (`tuner.worker.artifacts`) and its log goes to Optuna's artifact store. What the child
+   found about the route itself (a deterministic status) is stored, the cache row and the measurement
+   row, only while the trial's lease holds.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tuner.worker.environment import ENV_ATTEMPTS, ENV_BACKOFF_S, environment_fa
 from tuner.worker.isolate import ChildHandle, run_isolated
 from tuner.worker.jobs import make_job, measure_settings, measurement_stats
 from tuner.worker.pairing import Pairing
+from tuner.worker.reap import reaping
 
 log = logging.getLogger("tuner.worker")
 NO_ARTIFACT: dict[str, Any] = {"artifact_path": None, "artifact_sha256": None, "artifact_bytes": None}  # not kept
@@ -60,9 +62,10 @@ class Evaluator:
         child: ChildHandle,
         child_env: dict[str, str],
         db: Callable[[Callable[[], Any]], Any],
+        reap: Callable[[], object],
     ) -> None:
         self.ctx, self.spec, self.study, self.results, self.pairing = ctx, ctx.spec, study, results, pairing
-        self.stop, self.child, self.child_env, self.db = stop, child, child_env, db
+        self.stop, self.child, self.child_env, self.db, self.reap = stop, child, child_env, db, reap
         backend = ctx.backend
         # recorded with each trial: where it was measured (an export's README says)
         self.environment = {"backend": backend.name, "version": backend.version(), "device": backend.device()}
@@ -126,7 +129,8 @@ class Evaluator:
             return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=str(exc.strerror or exc))
         job = make_job(self.ctx, route, trial_dir / "out", **pairing)
         for attempt in range(ENV_ATTEMPTS):
-            result = run_isolated(job, trial_dir, self.child, self.child_env)
+            with reaping(self.reap, self.spec.run.grace_s):  # a live worker, though its child may wait long
+                result = run_isolated(job, trial_dir, self.child, self.child_env)
             if result.status != J.ENVIRONMENT_ERROR:
                 result = self._with_artifact(result, trial_dir / "out")
             if result.status != J.ENVIRONMENT_ERROR or self.stop.is_set() or attempt == ENV_ATTEMPTS - 1:

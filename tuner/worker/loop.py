@@ -123,7 +123,15 @@ class Worker:
             self._db,
         )
         self.evaluator = Evaluator(
-            ctx, self.study, self.results, pairing, self.stop.event, self.stop.child, child_env or {}, self._db
+            ctx,
+            self.study,
+            self.results,
+            pairing,
+            self.stop.event,
+            self.stop.child,
+            child_env or {},
+            self._db,
+            self.reaper.reap,
         )
         self.after_tell: list[AfterTell] = [
             DashboardNote(self.study, self.cores),

@@ -1,22 +1,26 @@
 """Reap trials whose worker is gone: fail them as `lost` and re-queue their routes, or give a route up.
 
-Any live worker reaps, before each reservation and while it waits for the baseline
-(`tuner.worker.pairing`). A RUNNING trial is lost when its lease's heartbeat is older than `grace_s`,
-its owner is a dead process on this host, or it ran past its deadline (`tuner.store.leases`). The reap
-is claimed under the study lock, which bumps the lease's epoch, so the lost owner's late writes are
-refused; the route is re-queued first, then the trial failed, both safe to repeat. A route lost in
-`[run] max_attempts` runs is failed as `given-up` (counted) instead, once.
+Any live worker reaps, before each reservation, while it waits for the baseline (`tuner.worker.pairing`)
+and while its trial's child runs (`reaping`: a child may wait long for a host lock that a stopped worker
+holds, and that worker's trial must not go unreaped meanwhile). A RUNNING trial is lost when its lease's
+heartbeat is older than `grace_s`, its owner is a dead process on this host, or it ran past its deadline
+(`tuner.store.leases`). The reap is claimed under the study lock, which bumps the lease's epoch, so the
+lost owner's late writes are refused; the route is re-queued first, then the trial failed, both safe to
+repeat. A route lost in `[run] max_attempts` runs is failed as `given-up` (counted) instead, once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Callable, Iterator
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner import job as J
-from tuner.store.db import OUTAGE, study_lock
+from tuner.store.db import OUTAGE, is_db_fault, study_lock
 from tuner.store.leases import Fence, Leases
 from tuner.study import optuna_adapter as oa
 from tuner.study import outcome
@@ -78,3 +82,26 @@ class Reaper:
         outcome.record(
             self.study, frozen, result, self.spec.accuracy.tolerance, self.spec.objective.statistic, attrs, fence=fence
         )
+
+
+@contextlib.contextmanager
+def reaping(reap: Callable[[], object], every_s: float) -> Iterator[None]:
+    """Run `reap()` every `every_s` seconds in a thread while the block runs; the thread is joined before the block's
+    caller goes on. For a block that uses neither the study nor the database (waiting for a child)."""
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.wait(every_s):
+            try:
+                reap()
+            except Exception as exc:  # the next round tries again; the worker's own work goes on meanwhile
+                if not is_db_fault(exc):
+                    log.warning("reaping while a child runs failed: %s", type(exc).__name__)
+
+    thread = threading.Thread(target=run, daemon=True, name="reaping")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
