@@ -334,6 +334,26 @@ def test_a_reap_between_the_owners_check_and_its_write_fences_the_owner_out(faul
     assert oa.trial_by_number(worker.study, trial.number).state == TrialState.FAIL
 
 
+def test_a_trial_reaped_before_its_worker_samples_its_route_is_left_alone(faulty, caplog) -> None:  # noqa: ANN001
+    """A worker stopped between reserving and sampling, its trial reaped meanwhile: on waking it samples nothing."""
+    import time
+
+    from tuner.study import optuna_adapter as oa
+
+    worker, _ = faulty
+    trial = worker.study.ask()
+    fence = worker.leases.take(oa.trial_id(trial), worker.owner)
+    reaper = worker.leases.claim_reap(oa.trial_id(trial), grace_s=-1.0)
+    assert oa.settle_trial(worker.study, trial, TrialState.FAIL, None, {"failure_class": J.LOST}, fence=reaper)
+    with caplog.at_level("WARNING", logger="tuner.worker"):
+        worker.evaluate_and_tell(trial, fence, time.perf_counter())  # no UpdateFinishedTrialError, no crash
+    assert [r.getMessage() for r in caplog.records] == [
+        f"trial {trial.number} was reaped while this worker was stopped; its late result is discarded"
+    ]
+    mine = oa.trial_by_number(worker.study, trial.number)
+    assert mine.state == TrialState.FAIL and not mine.params and mine.user_attrs["failure_class"] == J.LOST
+
+
 # -- bounded attempts and a deadline --------------------------------------------------------------
 
 

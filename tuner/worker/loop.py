@@ -231,10 +231,11 @@ class Worker:
         return result
 
     def _settle(self, trial: optuna.Trial, work: Callable[[], T]) -> T | None:
-        """`work()`, which writes trial `trial`'s result under its lease; None if a reap meanwhile discarded it."""
+        """`work()`, which writes trial `trial`'s route and result under its lease; None if a reap meanwhile
+        discarded it (the lease refuses the result; Optuna refuses a route sampled for the finished trial)."""
         try:
             return work()
-        except LeaseLost:
+        except (LeaseLost, optuna.exceptions.UpdateFinishedTrialError):
             log.warning("trial %d was reaped while this worker was stopped; its late result is discarded", trial.number)
             return None
 
