@@ -204,3 +204,14 @@ def test_a_neighbourhood_whose_best_is_not_worth_a_build_gives_way_to_the_next()
     assert first_worth_building([spent, ([{"x": 3}], np.array([0.0]))])[0] == [{"x": 1}]  # none worth it: the first
     assert first_worth_building([spent, promising], learnt=False)[0] == [{"x": 1}]  # no model: scores mean nothing
     assert first_worth_building([])[0] == []
+
+
+def test_a_restart_probes_its_routes_nearest_ring_the_centres_one_ring_more() -> None:
+    from tuner.study.local_search import REACH, RESTART_REACH
+
+    local = _study(0).sampler.base
+    default = SPACE.default_route()
+    tried = {canonical_route(default)}
+    g = local.groups
+    assert {g.distance(default, r) for r in local.neighbourhood([default], tried, RESTART_REACH)} == {1}
+    assert max(g.distance(default, r) for r in local.neighbourhood([default], tried, REACH)) == 1 + REACH
