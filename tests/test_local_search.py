@@ -147,3 +147,71 @@ def test_warm_start_is_a_run_setting(tmp_path, mode: str) -> None:
     )
     run = load_spec(spec).run
     assert run.warm_start == mode and run.sampler == "local"
+
+
+def _raced_study() -> tuple[optuna.Study, dict[str, dict]]:
+    """A study with the baseline, a confirmed leader A, a route B racing cannot tell from A and a slower route C."""
+    study = _study(0)
+    routes = {
+        "A": SPACE.complete({"precision": "fp16", "keep": "none"}),
+        "B": SPACE.complete({"threads": 1}),
+        "C": SPACE.complete({"fusion": True, "attention": False}),
+    }
+    speedups = {None: (1.0, 1.0, 1.0), "A": (2.0, 1.9, 2.1), "B": (1.95, 1.85, 2.05), "C": (1.5, 1.4, 1.6)}
+    for name, route in [(None, SPACE.default_route()), *routes.items()]:
+        if name is not None:
+            study.enqueue_trial(route)
+        trial = study.ask()
+        SPACE.suggest(trial)
+        est, low, high = speedups[name]
+        trial.set_user_attr(A.PAIRED, True)
+        trial.set_user_attr(A.SPEEDUP_PAIRED, est)
+        trial.set_user_attr(A.SPEEDUP_PAIRED_CI, [low, high])
+        trial.set_constraint("accuracy", -1.0)
+        trial.set_constraint("failure", -1.0)
+        study.tell(trial, 40.0 / est)
+    study.set_user_attr(A.RACING, {"1": {"speedup_refined": 2.0, "speedup_refined_ci": [1.9, 2.1], "remeasured": 1}})
+    return study, routes
+
+
+def test_routes_racing_cannot_tell_from_the_confirmed_best_are_centres_too() -> None:
+    study, routes = _raced_study()
+    local = study.sampler.base
+    centres = local.centres(study.get_trials(deepcopy=False), study)
+    assert centres == [routes["A"], routes["B"]]  # C's interval lies below A's: not a centre
+
+
+def test_restarts_follow_the_centres_fastest_first_each_against_its_own_value() -> None:
+    import math
+
+    study, routes = _raced_study()
+    local = study.sampler.base
+    trials = study.get_trials(deepcopy=False)
+    starts = list(local.starts(trials, study, local.observations(trials, study)))
+    assert [centres for centres, _ in starts] == [[routes["A"], routes["B"]], [routes["C"]], [SPACE.default_route()]]
+    references = [reference for _, reference in starts]
+    assert references == pytest.approx([math.log(1 / 2.0), math.log(1 / 1.5), 0.0])
+
+
+def test_a_neighbourhood_whose_best_is_not_worth_a_build_gives_way_to_the_next() -> None:
+    import numpy as np
+
+    from tuner.study.local_search import WORTH, first_worth_building
+
+    spent = ([{"x": 1}], np.array([WORTH / 10]))
+    promising = ([{"x": 2}], np.array([WORTH * 2]))
+    assert first_worth_building([spent, promising])[0] == [{"x": 2}]
+    assert first_worth_building([spent, ([{"x": 3}], np.array([0.0]))])[0] == [{"x": 1}]  # none worth it: the first
+    assert first_worth_building([spent, promising], learnt=False)[0] == [{"x": 1}]  # no model: scores mean nothing
+    assert first_worth_building([])[0] == []
+
+
+def test_a_restart_probes_its_routes_nearest_ring_the_centres_one_ring_more() -> None:
+    from tuner.study.local_search import REACH, RESTART_REACH
+
+    local = _study(0).sampler.base
+    default = SPACE.default_route()
+    tried = {canonical_route(default)}
+    g = local.groups
+    assert {g.distance(default, r) for r in local.neighbourhood([default], tried, RESTART_REACH)} == {1}
+    assert max(g.distance(default, r) for r in local.neighbourhood([default], tried, REACH)) == 1 + REACH

@@ -5,14 +5,22 @@ move changes one knob *group* (a precision variant with its sub-knobs, a fusion 
 `tuner.space.groups`), and knobs interact, so a model of per-knob effects ranks the best route only
 somewhere in its top 20. So each proposal:
 
-1. takes the *centre*: the study's best confirmed route (`tuner.study.racing.best_confirmed`), else
-   its best feasible trial, else the default route;
+1. takes the *centres*: the study's best confirmed route (`tuner.study.racing.best_confirmed`) and
+   every route racing cannot tell apart from it (their intervals overlap), else its best feasible
+   trial, else the default route. A near tie is often a different basin (an fp32 route without the
+   fusion against one with it), and the move that wins may start from either;
 2. collects the routes not yet tried (finished, running or waiting) within `radius + REACH` group
-   moves of it, the radius starting at 1 and widening while the nearest ring is used up (so the
+   moves of them, the radius starting at 1 and widening while the nearest ring is used up (so the
    surrogate may pick a combination of two moves it learnt are good before every single move was tried);
 3. ranks them by the surrogate (`tuner.study.surrogate`: random forests fitted on every outcome —
-   timed, slow, infeasible, failed — plus any observations carried over from other studies) and
-   proposes the best, a random one before the surrogate has anything to learn from.
+   timed, slow, infeasible, failed — plus any observations carried over from other studies): expected
+   improvement on the study's best times the probability of being feasible;
+4. *restarts* when no candidate is worth a build (its score below `WORTH`, the measurement's own
+   precision): the local search's basin is spent, and the best route may lie beyond a valley (two
+   moves, each worse on its own). The nearest untried ring (`RESTART_REACH`) of the next feasible route
+   in order of its value is then ranked by improvement on *that* route's value, and so on; the first
+   whose best candidate is worth a build gives the proposal, else the centres' best candidate does.
+   Before the surrogate has anything to learn from, a random candidate of the centres' neighbourhood.
 
 Proposals of parallel workers do not collide: routes of running and waiting trials count as tried,
 and a worker re-reads them just before proposing, taking the next candidate when another worker has
@@ -22,7 +30,7 @@ just taken its first.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,13 +43,16 @@ from tuner.space.groups import knob_groups
 from tuner.study import attrs as A
 from tuner.study import racing
 from tuner.study.outcome import is_feasible
-from tuner.study.surrogate import Encoder, Observation, Surrogate
+from tuner.study.surrogate import MIN_SPREAD, Encoder, Observation, Surrogate
 
 PENDING = (TrialState.RUNNING, TrialState.WAITING)
 REACH = (
     1  # candidates also one group move beyond the nearest ring with an untried route (measured: MiniLM-strict, 4 of 6
 )
 # seeds built the best route within 60 trials, against 2 of 6 with the nearest ring alone)
+RESTART_REACH = 0  # a restart probes its route's own nearest ring (20 seeds, delivered within 2 % at 30 builds:
+# MiniLM-strict 17, MiniLM 16, against 16 and 14 with REACH)
+WORTH = MIN_SPREAD  # a candidate is worth a build when it is expected to improve by the measurement's precision
 
 
 class LocalSearchSampler(optuna.samplers.BaseSampler):
@@ -68,17 +79,17 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
             for t in trials
             if t.number != trial.number and (t.state.is_finished() or t.state in PENDING)
         }
-        centre = self.centre(trials, study)
-        candidates: list[Route] = []
-        for radius in range(1, len(self.groups.groups) + 1):
-            candidates = [
-                r for r in self.groups.within(centre, radius + REACH, self.rng) if canonical_route(r) not in tried
-            ]
-            if candidates:
-                break
+        observations = self.observations(trials, study)
+        model = self.surrogate(observations)
+        neighbourhoods = (
+            (candidates, self.score(model, candidates, reference))
+            for i, (centres, reference) in enumerate(self.starts(trials, study, observations))
+            if (candidates := self.neighbourhood(centres, tried, REACH if i == 0 else RESTART_REACH))
+        )
+        candidates, scores = first_worth_building(neighbourhoods, model is not None)
         if not candidates:
             return {}  # every route was tried: the no-repeat step or the sampler's independent draws take over
-        order = self.rank(candidates, trials, study)
+        order = list(np.argsort(-scores))
         taken = {
             canonical_route(_route(t))
             for t in study.get_trials(deepcopy=False, states=PENDING)
@@ -87,26 +98,64 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         pick = next((candidates[i] for i in order if canonical_route(candidates[i]) not in taken), candidates[order[0]])
         return {k: v for k, v in pick.items() if k in search_space}
 
-    def centre(self, trials: Sequence[FrozenTrial], study: optuna.Study) -> Route:
-        """The route the neighbourhood is taken around: the best confirmed, else the best feasible, else the default."""
-        best = racing.best_confirmed(trials, racing.races(study))
+    def centres(self, trials: Sequence[FrozenTrial], study: optuna.Study) -> list[Route]:
+        """The routes the neighbourhood is taken around: the best confirmed and every route whose racing interval
+        overlaps its own, else the best feasible, else the default."""
+        raced = racing.races(study)
+        best = racing.best_confirmed(trials, raced)
         if best is None:
             feasible = [t for t in trials if is_feasible(t)]
             best = min(feasible, key=lambda t: (t.value, t.number)) if feasible else None
-        return _route(best) if best is not None else self.space.default_route()
+            return [_route(best) if best is not None else self.space.default_route()]
+        ranked = racing.standings(trials, raced)
+        lead = next(s for s in ranked if s.number == best.number)
+        by_number = {t.number: t for t in trials}
+        return [_route(best)] + [
+            _route(by_number[s.number]) for s in ranked if s.number != lead.number and racing.overlap(s, lead)
+        ]
 
-    def rank(self, candidates: list[Route], trials: Sequence[FrozenTrial], study: optuna.Study) -> list[int]:
-        """Candidate indices, most promising first (random order while there is nothing to learn from)."""
-        observations = self.observations(trials, study)
-        noise = self.rng.random(len(candidates)) * 1e-9  # breaks ties at random
-        if not any(o.log_ratio is not None for o in observations):
-            return list(np.argsort(noise))
-        model = Surrogate(self.encoder, observations, int(self.rng.integers(2**31)))
-        best = min(
-            (o.log_ratio for o in observations if o.feasible and o.log_ratio is not None and o.weight >= 1.0),
-            default=0.0,
+    def starts(
+        self, trials: Sequence[FrozenTrial], study: optuna.Study, observations: Sequence[Observation]
+    ) -> Iterator[tuple[list[Route], float]]:
+        """Where a proposal may start, in order, each with the log ratio its candidates must improve on: the centres
+        with the study's best, then (restarts) every other feasible route of the study's own, fastest first, with its
+        own."""
+        own = sorted(
+            (o for o in observations if o.feasible and o.log_ratio is not None and o.weight >= 1.0),
+            key=lambda o: o.log_ratio,
         )
-        return list(np.argsort(-(model.score(candidates, best) + noise)))
+        centres = self.centres(trials, study)
+        yield centres, own[0].log_ratio if own else 0.0
+        done = {canonical_route(c) for c in centres}
+        for o in own:
+            if (key := canonical_route(o.route)) not in done:
+                done.add(key)
+                yield [dict(o.route)], float(o.log_ratio)
+
+    def neighbourhood(self, centres: Sequence[Route], tried: set[Any], reach: int = REACH) -> list[Route]:
+        """The untried routes within the nearest ring (around any of `centres`) holding one, plus `reach` rings."""
+        for radius in range(1, len(self.groups.groups) + 1):
+            seen, found = set(tried), []
+            for centre in centres:
+                for r in self.groups.within(centre, radius + reach, self.rng):
+                    if (key := canonical_route(r)) not in seen:
+                        seen.add(key)
+                        found.append(r)
+            if found:
+                return found
+        return []
+
+    def surrogate(self, observations: Sequence[Observation]) -> Surrogate | None:
+        """The surrogate fitted on `observations`; None while none of them was timed (nothing to learn from)."""
+        if not any(o.log_ratio is not None for o in observations):
+            return None
+        return Surrogate(self.encoder, observations, int(self.rng.integers(2**31)))
+
+    def score(self, model: Surrogate | None, candidates: list[Route], reference: float) -> np.ndarray:
+        """Each candidate's expected improvement on `reference` times its probability of being feasible (random
+        while there is no model); ties broken at random."""
+        noise = self.rng.random(len(candidates)) * 1e-9
+        return noise if model is None else model.score(candidates, reference) + noise
 
     def observations(self, trials: Sequence[FrozenTrial], study: optuna.Study) -> list[Observation]:
         """Every finished trial's outcome (relative to the baseline's value), then those carried over from other
@@ -134,6 +183,20 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self.rng = np.random.default_rng()
+
+
+def first_worth_building(
+    neighbourhoods: Iterable[tuple[list[Route], np.ndarray]], learnt: bool = True
+) -> tuple[list[Route], np.ndarray]:
+    """The first (candidates, scores) whose best score reaches WORTH, else the first one (empty when there is none).
+
+    Without a model (`learnt` False) the scores mean nothing, and the first is taken as it is."""
+    first: tuple[list[Route], np.ndarray] | None = None
+    for candidates, scores in neighbourhoods:
+        if not learnt or scores.max() >= WORTH:
+            return candidates, scores
+        first = first or (candidates, scores)
+    return first or ([], np.zeros(0))
 
 
 def observation(

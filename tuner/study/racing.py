@@ -120,9 +120,14 @@ def to_race(ranked: Sequence[Standing], top_k: int = RACE_TOP_K, max_remeasure: 
     if not ranked:
         return []
     leader, rest = ranked[0], list(ranked[1:top_k])
-    close = [s for s in rest if s.high >= leader.low and leader.high >= s.low]
+    close = [s for s in rest if overlap(s, leader)]
     picked = [leader] if close or leader.remeasured == 0 else []
     return [s.number for s in picked + close if s.remeasured < max_remeasure]
+
+
+def overlap(a: Standing, b: Standing) -> bool:
+    """Whether the two standings' intervals overlap: the measurements cannot yet tell the two routes apart."""
+    return a.high >= b.low and b.high >= a.low
 
 
 def is_confirmed(s: Standing) -> bool:
