@@ -191,6 +191,8 @@ def test_candidates_that_cannot_be_told_apart_but_all_win_decide_the_verdict() -
     assert "so is every candidate that cannot be told apart" in events[-1].decided
     other = 2 if doc["winner_trial"] == 1 else 1
     assert f"as fast within the measurement, and also confirmed: trial {other} " in doc["message"], doc["message"]
+    doc, events = _run({1: 2.0, 2: 1.9})  # both win, 5 % apart: no tie, however close their intervals
+    assert not any("cannot be told apart" in e.decided for e in events)
     doc, events = _run({1: 2.0, 2: 1.01})  # one clear leader, the other not a win: no tie, decided by separation
     assert doc["winner_trial"] == 1 and "also confirmed" not in doc["message"]
 

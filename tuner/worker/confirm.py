@@ -16,8 +16,9 @@ of up to 1.4 % whose intervals excluded 1.0 (docs/measurement.md).
 
 Rounds run one after another and stop as soon as the verdict cannot change (`decided`): the
 leader's interval lies above MIN_SPEEDUP and clear of every other candidate's; or it lies above
-MIN_SPEEDUP and so does that of every candidate not clear of it (whichever of them is used, its
-speedup is confirmed: the leader is named, the others beside it); or every candidate's lies below
+MIN_SPEEDUP and so does that of every candidate not clear of it, each with an estimate within TIE of
+the leader's (a tie: whichever of them is used, its speedup is confirmed and it is at most about TIE
+slower; the leader is named, the others beside it); or every candidate's lies below
 MIN_SPEEDUP (none can become a win); else at the cap (`rounds`, default DEFAULT_ROUNDS), after at
 least MIN_ROUNDS. A candidate that can no longer be the answer (its interval below another's, or
 below MIN_SPEEDUP) is not measured again (`settled`). Looking
@@ -78,6 +79,7 @@ DEFAULT_ROUNDS = 8  # the cap on rounds (processes per candidate) unless --confi
 MIN_ROUNDS = 3  # processes per candidate before the verdict may be decided: their spread needs three to be seen
 MIN_SPEEDUP = 1.01  # the least speedup reported as a win: its interval must lie above this, not just above 1.0
 CONTENDED_EXTRA = 4  # rounds run beyond the cap to replace contended processes
+TIE = 0.02  # candidates not told apart from the leader whose estimates lie within this of its own: a tie
 BUSY_SHARE = 2 / 3  # after MIN_ROUNDS rounds, more than this share of processes contended: the host is busy, stop
 METHOD = (
     "per candidate: fresh processes, each timing it paired with the default route in ABBA blocks of the {statistic} "
@@ -151,11 +153,11 @@ def decided(standings: Mapping[int, Speedup]) -> str:
         return f"trial {leader} is faster than the default route" + (
             " and than every other candidate" if len(standings) > 1 else ""
         )
-    if is_win(best) and all(is_win(standings[n]) for n in close):
+    if is_win(best) and all(is_win(standings[n]) and standings[n].estimate * (1 + TIE) >= best.estimate for n in close):
         tied = ", ".join(str(n) for n in close)
         return (
             f"trial {leader} is faster than the default route, and so is every candidate that cannot be told apart "
-            f"from it (trial {tied})"
+            f"from it, each within {TIE:.0%} of its estimate (trial {tied})"
         )
     if all(s.slower for s in standings.values()):
         return "every candidate is slower than the default route"
