@@ -52,8 +52,12 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes] | None = None, limit
 
 
 def trials(url: str, study: str) -> list[optuna.trial.FrozenTrial]:
-    """All trials of a study, freshly read."""
-    return optuna.load_study(study_name=study, storage=normalize_url(url)).get_trials(deepcopy=False)
+    """All trials of a study, freshly read; the connections it opened are closed (tests poll with it)."""
+    storage = optuna.storages.RDBStorage(normalize_url(url))
+    try:
+        return optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+    finally:
+        storage.engine.dispose()
 
 
 def status(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
