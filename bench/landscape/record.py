@@ -54,19 +54,30 @@ NOT_RERUN = {J.BUILD_ERROR, J.RUNTIME_UNSUPPORTED, J.INVALID_ROUTE}  # determini
 class Recorder:
     """Measures routes of one study into a journal (work_dir/landscape) and writes the landscape file."""
 
-    def __init__(self, spec_path: Path, out: Path, rounds: int, sample: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        spec_path: Path,
+        out: Path,
+        rounds: int,
+        sample: int | None = None,
+        seed: int = 0,
+        shard: tuple[int, int] | None = None,
+    ) -> None:
         self.ctx = Context(load_spec(spec_path), url="")
         self.out = out
         self.rounds = rounds
         self.seed = seed
+        self.shard = shard
         space = self.ctx.space
         every = space.routes()
         self.total = len(every)
+        default = space.default_route()  # in every subset: what all pair with
         if sample is not None and sample < self.total:
             keep = set(random.Random(seed).sample(range(self.total), sample))
-            every = [
-                r for i, r in enumerate(every) if i in keep or r == space.default_route()
-            ]  # the default: what all pair with
+            every = [r for i, r in enumerate(every) if i in keep or r == default]
+        if shard is not None:
+            k, n = shard
+            every = [r for i, r in enumerate(every) if i % n == k or r == default]
         self.routes = every
         self.dir = self.ctx.work_dir / "landscape"
         self.journal = self.dir / "journal.jsonl"
@@ -199,6 +210,7 @@ class Recorder:
             "metric": c.spec.accuracy.metric,
             "timing": fingerprint_part(c.spec.objective),
             "pairing": "default-first",
+            **({"shard": f"{self.shard[0]}/{self.shard[1]}"} if self.shard else {}),
         }
 
     def _check_journal(self) -> None:
@@ -210,6 +222,30 @@ class Recorder:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.journal.write_text(json.dumps({"header": header}) + "\n")
+
+    def merge(self, shards: list[Path]) -> int:
+        """Take the measurements of shard recordings (their `landscape` folders, recorded with `--shard` in copies
+        of this study's folder, each pinned to its own cores) into this journal; how many were taken."""
+        self._check_journal()
+        done, taken = self._entries(), 0
+        mine = {k: v for k, v in self._header().items() if k != "routes"}
+        for folder in shards:
+            lines = (folder / "journal.jsonl").read_text().splitlines()
+            theirs = {k: v for k, v in json.loads(lines[0])["header"].items() if k not in ("routes", "shard")}
+            if theirs != mine:
+                raise TunerError(f"{folder / 'journal.jsonl'} was recorded with other settings than {self.journal}")
+            for line in filter(str.strip, lines[1:]):
+                e = json.loads(line)
+                if e["round"] not in done.get(e["key"], {}):
+                    self._append(e)
+                    done.setdefault(e["key"], {})[e["round"]] = e
+                    taken += 1
+            for path in (folder / "outputs").glob("*.npz"):
+                target = self.dir / "outputs" / path.name
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, target)
+        return taken
 
     def _append(self, entry: dict[str, Any]) -> None:
         with open(self.journal, "a", encoding="utf-8") as f:
@@ -347,6 +383,13 @@ def _short(route: Route) -> str:
     return " ".join(f"{k}={v}" for k, v in route.items() if k != "provider")
 
 
+def _shard(text: str) -> tuple[int, int]:
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"--shard: expected K/N with 0 <= K < N, got {text!r}")
+    return int(k), int(n)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(prog="python -m bench.landscape.record", description=__doc__.split("\n\n")[0])
@@ -355,9 +398,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="timing rounds per route (default 2)")
     p.add_argument("--sample", type=int, default=None, help="record a random subset of this many routes")
     p.add_argument("--seed", type=int, default=0, help="seed of the subset and of the visiting orders")
+    p.add_argument("--shard", type=_shard, default=None, help="K/N: record only the routes whose index is K mod N")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="take in these shard recordings' landscape folders and write the file (no measuring)",
+    )
     args = p.parse_args(argv)
     try:
-        Recorder(args.spec, args.out, args.rounds, args.sample, args.seed).run(lambda s: print(s, flush=True))
+        recorder = Recorder(args.spec, args.out, args.rounds, args.sample, args.seed, args.shard)
+        if args.merge:  # take the shards' measurements in and write the landscape of what they hold
+            print(f"took {recorder.merge(args.merge)} measurements from {len(args.merge)} shard(s)", flush=True)
+            recorder.landscape(recorder._entries()).save(args.out)
+            print(f"wrote {args.out}", flush=True)
+        else:
+            recorder.run(lambda s: print(s, flush=True))
     except TunerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
