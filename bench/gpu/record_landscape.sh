@@ -30,7 +30,7 @@ folders=()
 for k in $(seq 0 $((shards - 1))); do
   copy="/tmp/shard-$name-$k"
   mkdir -p "$copy"
-  cp -r studies models "$copy/"
+  mkdir -p "$copy/studies" && cp -r models "$copy/" && find studies -maxdepth 1 -type f -exec cp {} "$copy/studies/" \;
   cores="${pairs[$k]}"
   (cd "$copy" && TUNER_LOCK_DIR="$copy/locks" timeout "${SHARD_S:-0}" taskset -c "$cores" python3 -m bench.landscape.record \
       "studies/$(basename "$spec")" -o "$copy/part.json.gz" --rounds "$rounds" --shard "$k/$shards" \
