@@ -86,8 +86,9 @@ class ObjectiveSpec:
     )
     contention: str = setting(
         EXCLUSIVE,
-        "'exclusive': the deployment has its cores to itself: a timing cycle during which other processes took a "
-        "core the timing needed is timed again, and a measurement that stays contended decides nothing; 'shared': "
+        "'exclusive': the deployment has its cores to itself: timings run at raised priority where the process may "
+        "(root or CAP_SYS_NICE), a timing cycle during which other processes took a core the timing needed is timed "
+        "again, and a measurement that stays contended decides nothing; 'shared': "
         "the deployment runs beside other work and is timed beside it: contention is recorded, not acted on "
         "(the host timing lock orders the tuner's own builds and timings; it never kept other work away)",
         choices=CONTENTION,

@@ -173,6 +173,7 @@ def paired_attrs(result: J.Result) -> dict[str, Any]:
                 "clocks_before",
                 "clocks_after",
                 "mode",
+                "priority",
             )
             if k in info
         }

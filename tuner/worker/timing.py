@@ -19,6 +19,8 @@
    `exclusive`, `device`, `lock_wait_s`, `loadavg_before`/`after`, `clocks_before`/`after` and `affinity`
    (the cores the timing thread was allowed, read during the timing: `[objective] cores` pins them).
    With `[[objective.shapes]]` every shape is timed in turn and the figures combined (`tuner.measure.shapes`).
+   Under `contention = "exclusive"` the timing runs at raised priority where permitted, so other work on
+   the host hardly gets the cores it needs (`tuner.measure.priority`; `timing_info["priority"]`).
    A CPU timing records per block what other processes took of the cores (`tuner.measure.contention`):
    cycles with a contended block are timed again, and a measurement left without enough clean
    cycles is `contended` (`Result.paired`).
@@ -42,7 +44,8 @@ from tuner.backends.base import Artifact, Backend, BuildContext, Feed, Runner
 from tuner.measure.contention import Probe
 from tuner.measure.cores import allowed
 from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
-from tuner.measure.paired import CLOCK_KEYS, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
+from tuner.measure.paired import CLOCK_KEYS, EXCLUSIVE, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
+from tuner.measure.priority import raised
 from tuner.measure.shapes import combined_summary, heaviest, shape_entry, weighted_latency
 from tuner.measure.timing import summarize
 from tuner.objective import CPU, GPU
@@ -135,10 +138,12 @@ def time_trial(
         clocks: Callable[[], dict[str, Any]] | None = (lambda: _clocks(runner)) if gpu else None
         mode = job.objective.mode
         before = machine_state()
-        with DeviceLock(device_key(gpu)).exclusive() as hold:
-            probe = (
-                None if gpu or runner.timing_info().get("replayed") else Probe()
-            )  # a replayed runner's clock is virtual
+        replayed = bool(runner.timing_info().get("replayed"))  # a replayed runner's clock is virtual
+        with (
+            DeviceLock(device_key(gpu)).exclusive() as hold,
+            raised(policy.contention == EXCLUSIVE and not replayed) as priority,
+        ):
+            probe = None if gpu or replayed else Probe()
             results = [
                 measure_paired(
                     block_fn(runner, s.feed, mode),
@@ -164,6 +169,7 @@ def time_trial(
         loadavg_after=after["loadavg"],
         mode=mode,
         affinity=affinity,
+        priority=priority,
         **({"clocks_before": result.clocks[0], "clocks_after": result.clocks[-1]} if result.clocks else {}),
     )
     if multi:
