@@ -21,7 +21,7 @@ from tests.conftest import REPO, to_toml
 from tests.models import conv_model
 from tuner import job as J
 from tuner.backends.onnxruntime.quant_space import recommendation
-from tuner.backends.replay.landscape import load_landscape
+from tuner.backends.replay.landscape import Reduction, TopK, dense_outputs, load_landscape, reduce_outputs
 from tuner.backends.replay.space import replay_space
 from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.space import route_hash
@@ -114,6 +114,28 @@ def test_every_route_is_recorded_with_outputs_samples_and_environment(recorded) 
         assert len(land.outputs[p.outputs]) == 4  # one output set per feed
     # identical engines share one stored output set: threads never change numerics, variants do
     assert 2 <= len(land.outputs) <= 4
+
+
+@pytest.mark.parametrize("values", ["float16", "float32"])
+def test_a_reduced_record_is_the_top_k_per_position_and_zero_elsewhere(values: str) -> None:
+    rng = np.random.default_rng(0)
+    probs = rng.random((2, 5, 300)).astype(np.float32)  # no ties
+    wide = rng.standard_normal((1, 2, 40000)).astype(np.float32)  # a last axis beyond int16
+    reduction = Reduction(top_k=4, above_bytes=1000, values=values)
+    for a, index in ((probs, np.int16), (wide, np.int32)):
+        stored = TopK.of(a, reduction)
+        assert stored.indices.dtype == index and stored.values.dtype == np.dtype(values)
+        rebuilt = stored.dense()
+        assert rebuilt.dtype == a.dtype and rebuilt.shape == a.shape
+        top = np.zeros(a.shape, dtype=bool)
+        np.put_along_axis(top, np.argsort(a, axis=-1)[..., -4:], True, axis=-1)
+        assert np.array_equal(rebuilt[top], a[top].astype(values).astype(a.dtype))
+        assert not rebuilt[~top].any()
+    small, ints = np.ones((1, 10), np.float32), np.arange(600, dtype=np.int64).reshape(2, 300)
+    kept = reduce_outputs({"p": probs, "small": small, "ints": ints}, reduction)
+    assert isinstance(kept["p"], TopK) and kept["small"] is small and kept["ints"] is ints  # only large float arrays
+    assert np.array_equal(dense_outputs(kept)["p"], TopK.of(probs, reduction).dense())
+    assert reduce_outputs({"p": probs}, None)["p"] is probs
 
 
 def test_recorded_outputs_reproduce_the_childs_own_accuracy(recorded) -> None:

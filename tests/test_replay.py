@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from bench.landscape.record import Recorder
+from bench.landscape.truth import Truth
 from tests.conftest import tuner
 from tests.helpers import trials
 from tests.test_landscape import write_tiny_study
 from tuner import job as J
-from tuner.backends.replay.landscape import Landscape, Round, load_landscape
+from tuner.backends.replay.landscape import Landscape, Reduction, Round, TopK, load_landscape
 from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.spec import load_spec
 from tuner.store.urls import normalize_url
@@ -55,6 +59,43 @@ def test_replayed_trials_in_the_child_answer_as_recorded(recorded, tmp_path: Pat
         # every replayed latency is one recorded round's, scaled by one factor (the round's level: paired recording)
         assert any(_one_scale(res.samples_ms, r) for r in rounds)
         assert json.loads(Path(res.artifact_path).read_text())["round"] in (0, 1)
+
+
+def test_a_reduced_landscape_is_checked_saved_loaded_and_replayed(recorded, tmp_path: Path) -> None:
+    """The recorder rewrites the tiny landscape from its journal (nothing to measure) with its [1, 10] outputs
+    reduced to the top 4; a replay answers with the reconstructed outputs, as the recorder's check computed."""
+    full = load_landscape(recorded[1])
+    path = tmp_path / "reduced.json.gz"
+    reduction = Reduction(top_k=4, above_bytes=0, values="float16")
+    Recorder(recorded[0], path, rounds=2, reduction=reduction).run(log=lambda s: None)
+    with gzip.open(path, "rt") as f:
+        assert json.load(f)["format"] == "route-tuner-landscape/2"
+    land = load_landscape(path)
+    assert land.reduction == reduction and land.meta["enumeration"]["measured"] == 12
+    assert all(isinstance(a, TopK) for v in land.outputs.values() for o in v for a in o.values())
+    for got, ref in zip(land.reference, full.reference):
+        assert np.array_equal(got["y"], TopK.of(ref["y"], reduction).dense())
+    feeds = Context(load_spec(recorded[0]), "").feeds
+    for p in land.points:
+        for feed, recorded_out in zip(feeds, full.output_set(p.outputs)):
+            assert np.array_equal(land.outputs_for(p, feed)["y"], TopK.of(recorded_out["y"], reduction).dense())
+    check = land.meta["reduction"]["faithfulness"]
+    assert check["routes"] == 6 and check["output_sets"] == len(land.outputs) == len(full.outputs)
+    was, now = Truth(full, tolerance=0.001), Truth(land, tolerance=0.001)
+    for key, c in check["per_output_set"].items():  # the study's judge agrees with the benchmark's truth
+        assert c["full"] == pytest.approx(list(was.accuracy[key]), rel=1e-9, abs=1e-12)
+        assert c["reduced"] == pytest.approx(list(now.accuracy[key]), rel=1e-9, abs=1e-12)
+    passes = [
+        {max(c[k]) <= 0.001 for k in ("full", "reduced", "reduced_vs_full_reference")}
+        for c in (check["per_output_set"][p.outputs] for p in land.points)
+    ]
+    assert check["verdicts_changed"] == sum(len(v) > 1 for v in passes)
+    ctx = Context(load_spec(replay_study(recorded, path, name="reduced.toml", study="reduced")), "")
+    for i, route in enumerate(ctx.space.routes()[:2]):  # through the real child, against the study's own reference
+        res = run_isolated(replace(make_job(ctx, route, tmp_path / f"t{i}" / "out"), tolerance=1.0), tmp_path / f"t{i}")
+        assert res.status == J.OK, res.message
+        expected = check["per_output_set"][land.point(route).outputs]["reduced_vs_full_reference"][1]
+        assert res.accuracy == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
 def test_replayed_failures_end_the_child_as_recorded(recorded, tmp_path: Path) -> None:

@@ -6,9 +6,12 @@
 #
 # Carried wheels (.whl/) are installed first when the host lacks this project's dependencies. Each shard's log
 # log and an archive of the journals and outputs are kept under $OUT (default /tmp/landscape-shards); SHARD_S bounds each shard (seconds).
+# REDUCE_OUTPUTS=1 records with --reduce-outputs (PP-OCRv4: a reduced record of its large outputs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 spec="$1" out="$2" shards="$3" rounds="${ROUNDS:-2}"
+reduce=()
+[ -n "${REDUCE_OUTPUTS:-}" ] && reduce=(--reduce-outputs)
 OUT="${OUT:-/tmp/landscape-shards}"
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -33,11 +36,11 @@ for k in $(seq 0 $((shards - 1))); do
   mkdir -p "$copy/studies" && cp -r models "$copy/" && find studies -maxdepth 1 -type f -exec cp {} "$copy/studies/" \;
   cores="${pairs[$k]}"
   (cd "$copy" && TUNER_LOCK_DIR="$copy/locks" timeout "${SHARD_S:-0}" taskset -c "$cores" python3 -m bench.landscape.record \
-      "studies/$(basename "$spec")" -o "$copy/part.json.gz" --rounds "$rounds" --shard "$k/$shards" \
+      "studies/$(basename "$spec")" -o "$copy/part.json.gz" --rounds "$rounds" --shard "$k/$shards" "${reduce[@]}" \
       >"$OUT/$name-shard-$k.log" 2>&1 || true) &
   folders+=("$copy/studies/.tuner/$name/landscape")
 done
 wait
-python3 -m bench.landscape.record "$spec" -o "$out" --rounds "$rounds" --merge "${folders[@]}" | tail -2
+python3 -m bench.landscape.record "$spec" -o "$out" --rounds "$rounds" "${reduce[@]}" --merge "${folders[@]}" | tail -2
 # the shards' journals and outputs in one archive (to resume or merge elsewhere)
 tar -czf "$OUT/$name-shards.tar.gz" --exclude=baseline --exclude=trial -C / "${folders[@]#/}"

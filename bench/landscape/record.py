@@ -13,6 +13,13 @@ stores the route's paired speedup and the host's load average before and after i
 Rounds visit the other routes in a fresh random order each, so slow drifts of a shared machine spread
 over all routes; routes that failed deterministically are not re-run. Progress is journaled under the study's work_dir,
 so an interrupted recording resumes, and the landscape file is rewritten after every round.
+
+With `--reduce-outputs` the file keeps a reduced record of large outputs (`REDUCE_OUTPUTS`: the top 8 entries per
+position of float arrays over 256 KiB, see `tuner.backends.replay.landscape`); the journal's full outputs stay under
+work_dir. Each output set is then judged with the study's accuracy (`tuner.measure.judge`, gate and all feeds) both
+as recorded against the reference and as reconstructed against the reconstructed reference (what a replay computes),
+and the landscape's `reduction.faithfulness` holds both values per output set, the largest difference and how many
+routes' pass/fail verdicts under the study's tolerance the reduction would change.
 """
 
 from __future__ import annotations
@@ -36,9 +43,22 @@ import numpy as np
 from tuner import __version__
 from tuner import job as J
 from tuner.backends.replay.capture import OPTION, captured_path, read_captured
-from tuner.backends.replay.landscape import Landscape, Outputs, Point, Round, feed_key, outputs_key
+from tuner.backends.replay.landscape import (
+    Landscape,
+    Outputs,
+    Point,
+    Reduction,
+    Round,
+    Stored,
+    dense_outputs,
+    feed_key,
+    outputs_key,
+    reduce_outputs,
+)
 from tuner.errors import TunerError
+from tuner.measure.accuracy import Tolerances
 from tuner.measure.inputs import read_feeds, save_feeds
+from tuner.measure.judge import Judge
 from tuner.measure.reference import load_reference
 from tuner.objective import fingerprint_part
 from tuner.space import Route, route_hash
@@ -49,6 +69,7 @@ from tuner.worker.jobs import make_job
 
 CAPTURE = "tuner.backends.replay.capture:CaptureBackend"
 NOT_RERUN = {J.BUILD_ERROR, J.RUNTIME_UNSUPPORTED, J.INVALID_ROUTE}  # deterministic failures
+REDUCE_OUTPUTS = Reduction(top_k=8, above_bytes=1 << 18, values="float16")  # what --reduce-outputs stores
 
 
 class Recorder:
@@ -62,8 +83,13 @@ class Recorder:
         sample: int | None = None,
         seed: int = 0,
         shard: tuple[int, int] | None = None,
+        reduction: Reduction | None = None,
     ) -> None:
         self.ctx = Context(load_spec(spec_path), url="")
+        self.reduction = reduction
+        self._reduced: dict[str, list[Stored]] = {}  # output sets read and reduced, by key
+        self._checks: dict[str, dict[str, Any]] = {}  # their faithfulness, by key
+        self._reference: list[Outputs] | None = None  # the reference reconstructed from its reduced record
         self.out = out
         self.rounds = rounds
         self.seed = seed
@@ -114,7 +140,7 @@ class Recorder:
                 )
             landscape = self.landscape(done)
             landscape.save(self.out)
-            log(f"wrote {self.out} after round {rnd + 1}")
+            log(f"wrote {self.out} after round {rnd + 1}{_about(landscape, self.out)}")
         return landscape
 
     def _needs(self, key: str, rnd: int, done: dict[str, dict[int, dict[str, Any]]]) -> bool:
@@ -264,6 +290,7 @@ class Recorder:
     def landscape(self, done: dict[str, dict[int, dict[str, Any]]]) -> Landscape:
         """The landscape of what the journal holds so far."""
         points, outputs, mismatches = [], {}, 0
+        reference = load_reference(self.ctx.reference_path)
         for route in self.routes:
             entries = [done[route_hash(route)][r] for r in sorted(done.get(route_hash(route), {}))]
             invalid = next((e["message"] for e in entries if e["status"] == J.INVALID_ROUTE), None)
@@ -285,15 +312,66 @@ class Recorder:
             mismatches += len(set(keys)) > 1
             okey = keys[0] if keys else None
             if okey and okey not in outputs:
-                outputs[okey] = read_feeds(self.dir / "outputs" / f"{okey}.npz")
+                outputs[okey] = self._output_set(okey, reference)
             points.append(Point(route, rounds, invalid, okey))
-        return Landscape(
-            self._meta(done, mismatches),
-            points,
-            [feed_key(f) for f in self.ctx.feeds],
-            load_reference(self.ctx.reference_path),
-            outputs,
-        )
+        meta = self._meta(done, mismatches)
+        if self.reduction is not None:
+            meta["reduction"] = {**self.reduction.plain(), "faithfulness": self._faithfulness(points)}
+        return Landscape(meta, points, [feed_key(f) for f in self.ctx.feeds], reference, outputs)
+
+    def _output_set(self, key: str, reference: list[Outputs]) -> list[Stored]:
+        """Output set `key` as the landscape stores it: in full, or reduced (and checked) once per recorder."""
+        if self.reduction is None:
+            return read_feeds(self.dir / "outputs" / f"{key}.npz")
+        if key not in self._reduced:
+            full = read_feeds(self.dir / "outputs" / f"{key}.npz")
+            stored = [reduce_outputs(o, self.reduction) for o in full]
+            self._checks[key] = self._check(full, [dense_outputs(o) for o in stored], reference)
+            self._reduced[key] = stored
+        return self._reduced[key]
+
+    def _check(self, full: list[Outputs], rebuilt: list[Outputs], reference: list[Outputs]) -> dict[str, Any]:
+        """The study's accuracy [gate feeds, all feeds] of an output set as recorded against the reference (`full`),
+        reconstructed from its reduced record against the reconstructed reference (`reduced`: what the landscape's
+        own reference gives, in `Truth` and the search benchmark) and against the reference in full
+        (`reduced_vs_full_reference`: a study on the replay backend computes its own), the largest difference from
+        `full` and whether either changes the pass/fail verdict under the study's tolerance."""
+        acc, gate = self.ctx.spec.accuracy, self.ctx.spec.data.gate_samples
+        judge = Judge(acc.metric, acc.tolerance, Tolerances(acc.atol, acc.rtol), dict(acc.outputs))
+        if self._reference is None:
+            self._reference = [dense_outputs(reduce_outputs(o, self.reduction)) for o in reference]
+
+        def values(outs: list[Outputs], against: list[Outputs]) -> list[float]:
+            return [judge.worst(judge.values(o, r)) for o, r in ((outs[:gate], against[:gate]), (outs, against))]
+
+        def passes(v: list[float]) -> bool:
+            return max(v) <= acc.tolerance
+
+        before = values(full, reference)
+        after = {"reduced": values(rebuilt, self._reference), "reduced_vs_full_reference": values(rebuilt, reference)}
+        differences = [0.0 if a == b else abs(a - b) for v in after.values() for a, b in zip(before, v)]
+        return {
+            "full": [_finite(v) for v in before],
+            **{k: [_finite(x) for x in v] for k, v in after.items()},
+            "difference": _finite(max(differences)),
+            "verdict_changed": any(passes(v) != passes(before) for v in after.values()),
+        }
+
+    def _faithfulness(self, points: list[Point]) -> dict[str, Any]:
+        """The reduction's effect on the study's accuracy over the routes with outputs (see `_check`)."""
+        routes = [p for p in points if p.outputs is not None]
+        checks = {k: self._checks[k] for k in sorted({p.outputs for p in routes if p.outputs})}
+        differences = [c["difference"] for c in checks.values()]
+        return {
+            "metric": self.ctx.spec.accuracy.metric,
+            "tolerance": self.ctx.spec.accuracy.tolerance,
+            "values": "[gate feeds, all feeds]",
+            "routes": len(routes),
+            "output_sets": len(checks),
+            "verdicts_changed": sum(bool(checks[p.outputs]["verdict_changed"]) for p in routes if p.outputs),
+            "largest_difference": None if None in differences else max(differences, default=0.0),
+            "per_output_set": checks,
+        }
 
     def _complete_rounds(self, done: dict[str, dict[int, dict[str, Any]]]) -> int:
         return sum(all(not self._needs(route_hash(r), rnd, done) for r in self.routes) for rnd in range(self.rounds))
@@ -360,6 +438,19 @@ def _contention(done: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
+def _about(landscape: Landscape, path: Path) -> str:
+    """The file's size and, for a reduced record, what the reduction changed."""
+    size = path.stat().st_size
+    text = f" ({size / 1e6:.1f} MB)" if size >= 1e6 else f" ({size / 1e3:.0f} kB)"
+    f = landscape.meta.get("reduction", {}).get("faithfulness")
+    if f:
+        text += (
+            f"; reduced outputs: {f['verdicts_changed']} of {f['routes']} routes' verdicts changed, "
+            f"largest accuracy difference {f['largest_difference']}"
+        )
+    return text
+
+
 def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
@@ -406,13 +497,22 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="take in these shard recordings' landscape folders and write the file (no measuring)",
     )
+    r = REDUCE_OUTPUTS
+    p.add_argument(
+        "--reduce-outputs",
+        action="store_true",
+        help=f"store float outputs over {r.above_bytes} bytes as their top {r.top_k} entries per position "
+        f"({r.values} values, the rest zero), checking that the study's accuracy verdicts stay",
+    )
     args = p.parse_args(argv)
     try:
-        recorder = Recorder(args.spec, args.out, args.rounds, args.sample, args.seed, args.shard)
+        reduction = REDUCE_OUTPUTS if args.reduce_outputs else None
+        recorder = Recorder(args.spec, args.out, args.rounds, args.sample, args.seed, args.shard, reduction)
         if args.merge:  # take the shards' measurements in and write the landscape of what they hold
             print(f"took {recorder.merge(args.merge)} measurements from {len(args.merge)} shard(s)", flush=True)
-            recorder.landscape(recorder._entries()).save(args.out)
-            print(f"wrote {args.out}", flush=True)
+            landscape = recorder.landscape(recorder._entries())
+            landscape.save(args.out)
+            print(f"wrote {args.out}{_about(landscape, args.out)}", flush=True)
         else:
             recorder.run(lambda s: print(s, flush=True))
     except TunerError as exc:

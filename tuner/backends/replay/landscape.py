@@ -4,6 +4,13 @@ A landscape holds, per route, the outcome of each recording round (failure class
 and raw samples) and the engine's outputs for each validation feed, so a replay computes accuracy
 for real against the study's reference, under any tolerance. Identical output sets are stored once.
 Arrays are JSON objects {dtype, shape, b64}; the file is gzip-compressed JSON.
+
+A landscape may hold a reduced record of its large outputs (`meta["reduction"]`, a `Reduction`; the recorder's
+`--reduce-outputs`): every floating-point array of the reference and of the routes' outputs above a size keeps only
+its top k entries along the last axis per position (`TopK`: {dtype, shape, top_k: {indices, values}}), everything
+else zero, and is reconstructed dense when read (`Landscape.reference` at load, `outputs_for` and `output_set` on
+demand). Such a file is format `route-tuner-landscape/2`; one without reduced arrays stays `/1` (both load). The
+recorder checks at record time that the study's accuracy verdicts do not change (`meta["reduction"]["faithfulness"]`).
 """
 
 from __future__ import annotations
@@ -26,8 +33,76 @@ from tuner.measure.inputs import feeds_hash
 from tuner.measure.timing import summarize
 from tuner.space import Route, route_hash
 
-FORMAT = "route-tuner-landscape/1"
+FORMAT = "route-tuner-landscape/1"  # every array stored dense
+FORMAT_REDUCED = "route-tuner-landscape/2"  # /1 plus `TopK` arrays: written only when a file holds one
 Outputs = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Which arrays a landscape stores reduced: floating-point ones of more than `above_bytes` whose last axis is
+    longer than `top_k` keep their `top_k` largest entries per position, the values as `values`."""
+
+    top_k: int
+    above_bytes: int
+    values: str  # a float dtype: float16 or float32
+
+    def applies(self, a: np.ndarray) -> bool:
+        """Whether `a` is stored reduced."""
+        return a.dtype.kind == "f" and a.ndim >= 1 and a.shape[-1] > self.top_k and a.nbytes > self.above_bytes
+
+    def plain(self) -> dict[str, Any]:
+        """As stored in a landscape's meta."""
+        return {"top_k": self.top_k, "above_bytes": self.above_bytes, "values": self.values}
+
+    @classmethod
+    def of_meta(cls, meta: Mapping[str, Any]) -> Reduction | None:
+        """The reduction a landscape's meta names, None for a landscape stored in full."""
+        d = meta.get("reduction")
+        return cls(int(d["top_k"]), int(d["above_bytes"]), str(d["values"])) if d else None
+
+
+@dataclass(frozen=True, eq=False)
+class TopK:
+    """A reduced array: the `top_k` largest entries along the last axis of each position (their indices and
+    values), everything else zero; `dense()` reconstructs it with the original dtype and shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    indices: np.ndarray  # [..., k], int16 where the last axis allows, else int32; ascending per position
+    values: np.ndarray  # [..., k]
+
+    @classmethod
+    def of(cls, a: np.ndarray, reduction: Reduction) -> TopK:
+        """`a` reduced to its top `reduction.top_k` entries per position."""
+        a = np.asarray(a)
+        k = reduction.top_k
+        top = np.sort(np.argpartition(a, a.shape[-1] - k, axis=-1)[..., -k:], axis=-1)
+        index = np.int16 if a.shape[-1] <= np.iinfo(np.int16).max + 1 else np.int32
+        values = np.take_along_axis(a, top, axis=-1).astype(reduction.values)
+        return cls(str(a.dtype), tuple(a.shape), top.astype(index), values)
+
+    def dense(self) -> np.ndarray:
+        """The array with the kept entries in place and zero elsewhere."""
+        out = np.zeros(self.shape, dtype=self.dtype)
+        np.put_along_axis(out, self.indices.astype(np.intp), self.values.astype(self.dtype), axis=-1)
+        return out
+
+
+Stored = dict[str, np.ndarray | TopK]  # one feed's outputs as a landscape holds them
+
+
+def reduce_outputs(o: Mapping[str, Any], reduction: Reduction | None) -> Stored:
+    """One feed's outputs with every array `reduction` applies to reduced (as they are without a reduction)."""
+    return {
+        name: TopK.of(a, reduction) if reduction and isinstance(a, np.ndarray) and reduction.applies(a) else a
+        for name, a in o.items()
+    }
+
+
+def dense_outputs(o: Mapping[str, Any]) -> Outputs:
+    """One feed's outputs with every reduced array reconstructed."""
+    return {name: a.dense() if isinstance(a, TopK) else a for name, a in o.items()}
 
 
 def encode_array(a: np.ndarray) -> dict[str, Any]:
@@ -96,10 +171,11 @@ class Landscape:
     meta: dict[str, Any]
     points: list[Point]
     feeds: list[str]  # feed_key of each validation feed, in order
-    reference: list[Outputs]  # the study's fp32 reference outputs, per feed
-    outputs: dict[str, list[Outputs]] = field(default_factory=dict)
+    reference: list[Outputs]  # the study's fp32 reference outputs, per feed (dense; reduced when saved, see above)
+    outputs: dict[str, list[Stored]] = field(default_factory=dict)  # reduced arrays stay reduced: use `output_set`
 
     def __post_init__(self) -> None:
+        self.reference = [dense_outputs(o) for o in self.reference]
         self._by_key = {p.key: p for p in self.points}
         self._feed_index = {k: i for i, k in enumerate(self.feeds)}
         self._true: dict[tuple[str, str], float | None] = {}
@@ -117,7 +193,16 @@ class Landscape:
         index = self._feed_index.get(feed_key(feed))
         if index is None:
             raise KeyError("this feed was not part of the recording (use the recording's data file and seed)")
-        return self.outputs[point.outputs][index]
+        return dense_outputs(self.outputs[point.outputs][index])
+
+    def output_set(self, key: str) -> list[Outputs]:
+        """The output set `key` of `outputs`, per feed, with reduced arrays reconstructed."""
+        return [dense_outputs(o) for o in self.outputs[key]]
+
+    @property
+    def reduction(self) -> Reduction | None:
+        """How the large outputs are stored reduced (None: in full)."""
+        return Reduction.of_meta(self.meta)
 
     def space_params(self) -> list[dict[str, Any]]:
         """The recorded space: [{name, choices, default}] in sampling order."""
@@ -172,13 +257,17 @@ class Landscape:
     # -- file I/O ------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The whole landscape as JSON-able data."""
+        """The whole landscape as JSON-able data (every array the reduction applies to reduced)."""
+        r = self.reduction
+        reference = [_enc_outputs(reduce_outputs(o, r)) for o in self.reference]
+        outputs = {k: [_enc_outputs(reduce_outputs(o, r)) for o in v] for k, v in self.outputs.items()}
+        reduced = any("top_k" in a for o in [*reference, *(o for v in outputs.values() for o in v)] for a in o.values())
         return {
-            "format": FORMAT,
+            "format": FORMAT_REDUCED if reduced else FORMAT,
             **self.meta,
             "feeds": self.feeds,
-            "reference": [_enc_outputs(o) for o in self.reference],
-            "outputs": {k: [_enc_outputs(o) for o in v] for k, v in self.outputs.items()},
+            "reference": reference,
+            "outputs": outputs,
             "points": [_enc_point(p) for p in self.points],
         }
 
@@ -205,8 +294,8 @@ def _load(path: str, mtime_ns: int, size: int) -> Landscape:
             doc = json.load(f)
     except (OSError, ValueError, EOFError) as exc:
         raise TunerError(f"landscape {path}: not a gzip-compressed JSON file ({type(exc).__name__})") from exc
-    if doc.get("format") != FORMAT:
-        raise TunerError(f"landscape {path}: format {doc.get('format')!r}, expected {FORMAT!r}")
+    if doc.get("format") not in (FORMAT, FORMAT_REDUCED):
+        raise TunerError(f"landscape {path}: format {doc.get('format')!r}, expected {FORMAT!r} or {FORMAT_REDUCED!r}")
     body = {"format", "feeds", "reference", "outputs", "points"}
     return Landscape(
         meta={k: v for k, v in doc.items() if k not in body},
@@ -217,12 +306,25 @@ def _load(path: str, mtime_ns: int, size: int) -> Landscape:
     )
 
 
-def _enc_outputs(o: Outputs) -> dict[str, Any]:
-    return {name: encode_array(a) for name, a in o.items()}
+def _enc_outputs(o: Stored) -> dict[str, Any]:
+    return {name: _enc_topk(a) if isinstance(a, TopK) else encode_array(a) for name, a in o.items()}
 
 
-def _dec_outputs(o: Mapping[str, Any]) -> Outputs:
-    return {name: decode_array(a) for name, a in o.items()}
+def _dec_outputs(o: Mapping[str, Any]) -> Stored:
+    return {name: _dec_topk(a) if "top_k" in a else decode_array(a) for name, a in o.items()}
+
+
+def _enc_topk(a: TopK) -> dict[str, Any]:
+    return {
+        "dtype": a.dtype,
+        "shape": list(a.shape),
+        "top_k": {"indices": encode_array(a.indices), "values": encode_array(a.values)},
+    }
+
+
+def _dec_topk(d: Mapping[str, Any]) -> TopK:
+    top = d["top_k"]
+    return TopK(str(d["dtype"]), tuple(d["shape"]), decode_array(top["indices"]), decode_array(top["values"]))
 
 
 def _enc_point(p: Point) -> dict[str, Any]:
