@@ -5,7 +5,8 @@
 #   bash bench/gpu/record_landscape.sh studies/silero_vad_landscape.toml bench/landscapes/silero_vad.json.gz 8
 #
 # Carried wheels (.whl/) are installed first when the host lacks this project's dependencies. Each shard's log
-# log and an archive of the journals and outputs are kept under $OUT (default /tmp/landscape-shards); SHARD_S bounds each shard (seconds).
+# (and with ARCHIVE=1 an archive of the journals and outputs) are kept under $OUT (default /tmp/landscape-shards);
+# SHARD_S bounds each shard (seconds); a second call on the same host resumes the shards where they stopped.
 # REDUCE_OUTPUTS=1 records with --reduce-outputs (PP-OCRv4: a reduced record of its large outputs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,5 +43,5 @@ for k in $(seq 0 $((shards - 1))); do
 done
 wait
 python3 -m bench.landscape.record "$spec" -o "$out" --rounds "$rounds" "${reduce[@]}" --merge "${folders[@]}" | tail -2
-# the shards' journals and outputs in one archive (to resume or merge elsewhere)
-tar -czf "$OUT/$name-shards.tar.gz" --exclude=baseline --exclude=trial -C / "${folders[@]#/}"
+# the shards' journals and outputs in one archive (to resume or merge elsewhere), when ARCHIVE=1
+[ -z "${ARCHIVE:-}" ] || tar -czf "$OUT/$name-shards.tar.gz" --exclude=baseline --exclude=trial -C / "${folders[@]#/}"
