@@ -9,13 +9,15 @@ import textwrap
 
 from tests.conftest import REPO, tuner
 from tests.helpers import trials
-from tuner.measure.priority import TIMING_NICE, _may_raise
+from tuner.measure.priority import TIMING_NICE, _autogroup_nice, _may_raise
 from tuner.study import attrs as A
 
 
 def _in_child(code: str) -> str:
     """Run `code` in a fresh interpreter (priorities changed there stay there); its stdout."""
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(  # its own session, so its own autogroup, like a trial's child
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True, start_new_session=True
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
 
@@ -24,7 +26,7 @@ def test_every_thread_is_raised_for_the_block_and_each_gets_its_own_value_back()
     out = _in_child(
         """
         import json, os, threading
-        from tuner.measure.priority import raised
+        from tuner.measure.priority import _autogroup_nice, raised
         def nices():
             return sorted(os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task"))
         stop = threading.Event()
@@ -32,18 +34,21 @@ def test_every_thread_is_raised_for_the_block_and_each_gets_its_own_value_back()
         os.setpriority(os.PRIO_PROCESS, 0, 3)  # the main thread's own value (Linux: per thread)
         with raised() as record:
             late = threading.Thread(target=stop.wait); late.start()  # started inside: inherits the raised value
-            inside = nices()
-        after = nices()
+            inside = nices(), _autogroup_nice()
+        after = nices(), _autogroup_nice()
         stop.set()
         print(json.dumps([record, inside, after]))
         """
     )
     record, inside, after = json.loads(out)
-    assert after == [0, 3, 3], out  # early 0, main 3, late back to the main thread's 3
+    group = _autogroup_nice()  # None without autogroups
+    assert after == [[0, 3, 3], None if group is None else 0], out  # early 0, main 3, late back to main's 3
     if _may_raise():  # root or CAP_SYS_NICE, as in CI
-        assert record == {"raised": True, "nice": TIMING_NICE} and inside == [-20, -20, -20], out
+        raised_group = None if group is None else TIMING_NICE
+        assert record == {"raised": True, "nice": TIMING_NICE, "autogroup": raised_group}, out
+        assert inside == [[-20, -20, -20], raised_group], out
     else:
-        assert record["raised"] is False and inside == [0, 3, 3], out
+        assert record["raised"] is False and inside == after, out
 
 
 def test_without_permission_nothing_changes_and_the_record_says_why() -> None:
@@ -72,4 +77,6 @@ def test_a_study_records_the_priority_each_timing_ran_at(write_spec, sqlite_url)
         for t in timed:
             priority = t.user_attrs[A.TIMING]["priority"]
             assert priority["raised"] is raised_expected, priority
-            assert priority.get("nice") == (TIMING_NICE if raised_expected else priority.get("nice"))
+            if raised_expected:
+                assert priority["nice"] == TIMING_NICE, priority
+                assert priority["autogroup"] == (None if _autogroup_nice() is None else TIMING_NICE), priority
