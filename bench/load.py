@@ -18,7 +18,8 @@ Scenarios:
   per-position class probabilities, tolerance 0.01.
 
 Writes bench/results/load.json (`--out`): per scenario the runs, `quiet_wall_s` and `loaded_wall_s`
-(medians over the pairs), and the machine's load average around each run.
+(medians over the pairs), when it started and finished, and the machine's load average around each run;
+scenarios not run this time keep their earlier entries.
 
 Usage: python bench/load.py [--scenario bundled ocr] [--pairs 1] [--trials N] [--side-by-side 5] [--out FILE]
 """
@@ -255,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tuner-load-") as d:
         tmp = Path(d)
         for scenario in args.scenario:
+            started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip()
             runs = []
             for i in range(args.pairs):
                 for loaded in (False, True) if i % 2 == 0 else (True, False):  # alternate which goes first
@@ -274,9 +279,15 @@ def main(argv: list[str] | None = None) -> int:
                 "quiet_wall_s": statistics.median(r["wall_s"] for r in quiet),
                 "loaded_wall_s": statistics.median(r["wall_s"] for r in loaded_runs),
                 "same_verdict": len({r["verdict"] for r in runs}) == 1,
+                "commit": commit,
+                "started": started,
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "runs": runs,
             }
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.out.is_file():  # scenarios not run this time keep their earlier figures (each with its own times)
+        earlier = json.loads(args.out.read_text()).get("scenarios", {})
+        doc["scenarios"] = {**{k: v for k, v in earlier.items() if k not in doc["scenarios"]}, **doc["scenarios"]}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

@@ -7,7 +7,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.space import Param, SearchSpace, canonical_route
-from tuner.space.groups import knob_groups
+from tuner.space.groups import NEIGHBOURS_MAX, knob_groups
 from tuner.spec import RunSpec
 from tuner.study import attrs as A
 from tuner.study import warm_start
@@ -215,3 +215,18 @@ def test_a_restart_probes_its_routes_nearest_ring_the_centres_one_ring_more() ->
     g = local.groups
     assert {g.distance(default, r) for r in local.neighbourhood([default], tried, RESTART_REACH)} == {1}
     assert max(g.distance(default, r) for r in local.neighbourhood([default], tried, REACH)) == 1 + REACH
+
+
+def test_a_large_space_s_neighbourhoods_are_collected_once_per_centre_and_capped() -> None:
+    large = SearchSpace(tuple(Param(f"k{i}", tuple(range(10)), 0) for i in range(10)))  # 10^10 routes, 10 groups
+    sampler = _study(0, large).sampler
+    local = next(s for s in (sampler, *vars(sampler).values()) if hasattr(s, "around"))
+    calls: list[dict] = []
+    within = local.groups.within
+    object.__setattr__(local.groups, "within", lambda centre, *a: calls.append(centre) or within(centre, *a))
+    centres = [large.default_route(), large.complete({"k0": 1}), large.complete({"k1": 1})]  # ~3,700 routes each
+    first = local.neighbourhood(centres, set())
+    again = local.neighbourhood(centres, {canonical_route(first[0])})
+    assert calls == centres  # one collection per centre, reused by the second proposal
+    assert len(first) == len(again) == NEIGHBOURS_MAX  # the centres' rings hold more: drawn at random
+    assert canonical_route(first[0]) not in {canonical_route(r) for r in again}

@@ -39,7 +39,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space import Route, SearchSpace, canonical_route
-from tuner.space.groups import knob_groups
+from tuner.space.groups import NEIGHBOURS_MAX, knob_groups
 from tuner.study import attrs as A
 from tuner.study import racing
 from tuner.study.outcome import is_feasible
@@ -52,6 +52,7 @@ REACH = (
 # seeds built the best route within 60 trials, against 2 of 6 with the nearest ring alone)
 RESTART_REACH = 0  # a restart probes its route's own nearest ring (20 seeds, delivered within 2 % at 30 builds:
 # MiniLM-strict 17, MiniLM 16, against 16 and 14 with REACH)
+RINGS_KEPT = 64  # neighbourhoods (centre, radius) a sampler keeps (`LocalSearchSampler.around`)
 WORTH = MIN_SPREAD  # a candidate is worth a build when it is expected to improve by the measurement's precision
 
 
@@ -64,6 +65,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         self.encoder = Encoder(space)
         self.rng = np.random.default_rng(seed)
         self.seed = seed
+        self._rings: dict[tuple[Any, int], list[tuple[Any, Route]]] = {}  # (centre, radius) -> keyed routes: `around`
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return {p.name: CategoricalDistribution(list(p.choices)) for p in self.space.params if len(p.choices) > 1}
@@ -133,17 +135,34 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
                 yield [dict(o.route)], float(o.log_ratio)
 
     def neighbourhood(self, centres: Sequence[Route], tried: set[Any], reach: int = REACH) -> list[Route]:
-        """The untried routes within the nearest ring (around any of `centres`) holding one, plus `reach` rings."""
+        """The untried routes within the nearest ring (around any of `centres`) holding one, plus `reach` rings;
+        at most NEIGHBOURS_MAX of them, drawn at random when the centres' neighbourhoods hold more."""
         for radius in range(1, len(self.groups.groups) + 1):
             seen, found = set(tried), []
             for centre in centres:
-                for r in self.groups.within(centre, radius + reach, self.rng):
-                    if (key := canonical_route(r)) not in seen:
+                for key, r in self.around(centre, radius + reach):
+                    if key not in seen:
                         seen.add(key)
                         found.append(r)
+            if len(found) > NEIGHBOURS_MAX:
+                return [found[i] for i in sorted(self.rng.choice(len(found), NEIGHBOURS_MAX, replace=False))]
             if found:
                 return found
         return []
+
+    def around(self, centre: Route, radius: int) -> list[tuple[Any, Route]]:
+        """The routes within `radius` group moves of `centre` (`Groups.within`) with their canonical keys, kept.
+
+        A large space's neighbourhood is collected move by move (about a second for a real study's space
+        on one core), and the centres change seldom from one proposal to the next, so each is collected
+        once: later proposals around the same centre filter the same routes by what has been tried since.
+        """
+        key = (canonical_route(centre), radius)
+        if key not in self._rings:
+            if len(self._rings) >= RINGS_KEPT:
+                self._rings.pop(next(iter(self._rings)))  # the oldest
+            self._rings[key] = [(canonical_route(r), r) for r in self.groups.within(centre, radius, self.rng)]
+        return self._rings[key]
 
     def surrogate(self, observations: Sequence[Observation]) -> Surrogate | None:
         """The surrogate fitted on `observations`; None while none of them was timed (nothing to learn from)."""

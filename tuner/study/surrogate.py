@@ -46,13 +46,18 @@ class Encoder:
         for p in space.params:
             for v in (*p.choices, *((None,) if p.when is not None else ())):
                 self.columns.setdefault((p.name, v), len(self.columns))
+        self.conditional = [p.name for p in space.params if p.when is not None]
 
     def __call__(self, routes: Sequence[Mapping[str, Value]]) -> np.ndarray:
         x = np.zeros((len(routes), len(self.columns)), dtype=np.float32)
         for i, route in enumerate(routes):
-            for (name, value), j in self.columns.items():
-                if (name not in route) if value is None else (name in route and route[name] == value):
+            for name, value in route.items():
+                j = self.columns.get((name, value))
+                if j is not None:
                     x[i, j] = 1.0
+            for name in self.conditional:
+                if name not in route:
+                    x[i, self.columns[(name, None)]] = 1.0
         return x
 
 
