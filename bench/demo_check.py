@@ -3,7 +3,8 @@
 Runs `tuner run SPEC` (the study's own budget, confirmation included) and `tuner best SPEC --json`,
 and writes the verdict, the confirmed speedup with its interval, the winning route, the wall time, the
 confirmation's share of it (`confirm_s`, from the confirmation's own record), the tuner's own seconds
-per trial (`overhead_s`: median, largest, total) and the load average before and after to bench/results/demo.json (`--out` elsewhere).
+per trial (`overhead_s`: median, largest, total) and the load average before and after to
+bench/results/demo.json (`--out` elsewhere).
 
 Usage: python bench/demo_check.py [--spec studies/efficientnet_lite0.toml] [--storage URL]
 """
