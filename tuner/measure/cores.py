@@ -16,12 +16,16 @@ def allowed() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def threads() -> list[int]:
+    """The ids of this process's threads (Linux), else [0]: the calling thread."""
+    tasks = Path("/proc/self/task")
+    return [int(p.name) for p in tasks.iterdir()] if tasks.is_dir() else [0]
+
+
 def pin(k: int) -> list[int]:
     """Pin every thread of this process to its first `k` allowed cores; those cores."""
     cores = allowed()[:k]
-    tasks = Path("/proc/self/task")
-    tids = [int(p.name) for p in tasks.iterdir()] if tasks.is_dir() else [0]
-    for tid in tids:
+    for tid in threads():
         try:
             os.sched_setaffinity(tid, cores)
         except ProcessLookupError:  # a thread that ended meanwhile

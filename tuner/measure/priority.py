@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tuner.measure.cores import threads
+
 TIMING_NICE = -20  # the highest priority a normal (not real-time) thread can have
 
 
@@ -47,11 +49,6 @@ def _set_autogroup(nice: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def _threads() -> list[int]:
-    tasks = Path("/proc/self/task")
-    return [int(p.name) for p in tasks.iterdir()] if tasks.is_dir() else [0]
 
 
 def _set(tid: int, nice: int) -> None:
@@ -89,7 +86,7 @@ def raised(enabled: bool = True) -> Iterator[dict[str, Any]]:
     if not _may_raise():
         yield {"raised": False, "nice": current, "why": "not permitted (needs root, CAP_SYS_NICE or RLIMIT_NICE 40)"}
         return
-    before = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in _threads()}
+    before = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in threads()}
     for tid in before:
         _set(tid, TIMING_NICE)
     group = _autogroup_nice()
@@ -99,5 +96,5 @@ def raised(enabled: bool = True) -> Iterator[dict[str, Any]]:
     finally:
         if group_raised and group is not None:
             _set_autogroup(group)
-        for tid in _threads():  # threads started meanwhile inherited `nice`: back to the process's own
+        for tid in threads():  # threads started meanwhile inherited `nice`: back to the process's own
             _set(tid, before.get(tid, current))
