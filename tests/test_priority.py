@@ -9,7 +9,7 @@ import textwrap
 
 from tests.conftest import REPO, tuner
 from tests.helpers import trials
-from tuner.measure.priority import TIMING_NICE, _autogroup_nice, _may_raise
+from tuner.measure.priority import TIMING_NICE, _may_raise
 from tuner.study import attrs as A
 
 
@@ -20,6 +20,19 @@ def _in_child(code: str) -> str:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
+
+
+def _session_autogroup() -> int | None:
+    """A new session's autogroup nice, as a trial's child sees it (None without autogroups).
+
+    Not this process's own: a process in the host's first session (a container's, say) reads no autogroup
+    while every session started later has one.
+    """
+    return json.loads(
+        _in_child(
+            "import json; from tuner.measure.priority import _autogroup_nice; print(json.dumps(_autogroup_nice()))"
+        )
+    )
 
 
 def test_every_thread_is_raised_for_the_block_and_each_gets_its_own_value_back() -> None:
@@ -41,7 +54,7 @@ def test_every_thread_is_raised_for_the_block_and_each_gets_its_own_value_back()
         """
     )
     record, inside, after = json.loads(out)
-    group = _autogroup_nice()  # None without autogroups
+    group = _session_autogroup()
     assert after == [[0, 3, 3], None if group is None else 0], out  # early 0, main 3, late back to main's 3
     if _may_raise():  # root or CAP_SYS_NICE, as in CI
         raised_group = None if group is None else TIMING_NICE
@@ -68,6 +81,7 @@ def test_without_permission_nothing_changes_and_the_record_says_why() -> None:
 
 def test_a_study_records_the_priority_each_timing_ran_at(write_spec, sqlite_url) -> None:
     permitted = _may_raise()
+    group = _session_autogroup()
     for contention, raised_expected in (("exclusive", permitted), ("shared", False)):
         spec = write_spec(**{"objective.contention": contention, "run.budget": 2, "study.name": f"p-{contention}"})
         run = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")
@@ -79,4 +93,4 @@ def test_a_study_records_the_priority_each_timing_ran_at(write_spec, sqlite_url)
             assert priority["raised"] is raised_expected, priority
             if raised_expected:
                 assert priority["nice"] == TIMING_NICE, priority
-                assert priority["autogroup"] == (None if _autogroup_nice() is None else TIMING_NICE), priority
+                assert priority["autogroup"] == (None if group is None else TIMING_NICE), priority
