@@ -36,6 +36,8 @@ def test_repeated_route_is_served_from_the_cache_and_a_changed_model_is_not(writ
     reused = trials(pg_url, "second")[0]
     assert reused.user_attrs["cache_hit"] is True and reused.user_attrs["cached_from"] == "first#0"
     assert reused.value == trials(pg_url, "first")[0].value
+    # nothing ran in a child: all of the cached trial's time is the tuner's own
+    assert reused.user_attrs["overhead_s"] == reused.user_attrs["trial_wall_s"] > 0
     # Same shapes, different weights: a new key, so a real build.
     conv_model(tmp_path / "tiny.onnx", seed=1)
     third = write_spec(
@@ -66,6 +68,7 @@ def test_first_run_sets_up_both_schemas_apart(write_spec, pg_url) -> None:
         assert conn.execute(text("SELECT count(*) FROM tuner_measurements")).scalar() == 1
         samples = conn.execute(text("SELECT samples_ms FROM tuner_measurements")).scalar()
     assert len(samples) >= 5
+    assert all(s == round(s, 6) for s in samples)  # kept at 1 ns, the host clock's resolution
     engine.dispose()
 
 

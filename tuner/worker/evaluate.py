@@ -225,10 +225,8 @@ def _finite_or_none(v: float | None) -> float | None:
 
 def _json_safe(result: J.Result) -> dict[str, Any]:
     """The result as JSON-column-safe data (no raw samples or logs; non-finite floats as strings)."""
-    data = json.loads(result.to_json())
-    data["log"] = ""
-    data["samples_ms"] = data["baseline_samples_ms"] = []  # raw samples live in tuner_measurements
-    return _sanitize(data)
+    light = replace(result, log="", samples_ms=[], baseline_samples_ms=[])  # raw samples live in tuner_measurements
+    return _sanitize(json.loads(light.to_json()))
 
 
 def _sanitize(obj: Any) -> Any:

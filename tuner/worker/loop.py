@@ -226,7 +226,8 @@ class Worker:
         if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT, J.ENVIRONMENT_ERROR):
             result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
         wall = time.perf_counter() - started
-        extra.update({A.TRIAL_WALL_S: round(wall, 4), A.OVERHEAD_S: round(wall - sum(result.phase_s.values()), 4)})
+        in_child = 0.0 if extra.get(A.CACHE_HIT) else sum(result.phase_s.values())  # a cached result's ran before
+        extra.update({A.TRIAL_WALL_S: round(wall, 4), A.OVERHEAD_S: round(wall - in_child, 4)})
         self._db(lambda: self._on_cores(lambda: self._tell(trial, result, extra, fence)))
         return result
 

@@ -47,7 +47,7 @@ from tuner.measure.exclusive import HOST, DeviceLock, device_key, machine_state
 from tuner.measure.paired import CLOCK_KEYS, EXCLUSIVE, PIPELINED, SLOW, BlockFn, PairedPolicy, measure_paired
 from tuner.measure.priority import raised
 from tuner.measure.shapes import combined_summary, heaviest, shape_entry, weighted_latency
-from tuner.measure.timing import summarize
+from tuner.measure.timing import kept_samples, summarize
 from tuner.objective import CPU, GPU
 
 GPU_CLOCKS = ("cuda-event", "cuda-events")
@@ -162,7 +162,7 @@ def time_trial(
         res.timing_info = runner.timing_info()
     weights = [s.weight for s in shapes]
     result = results[heaviest(weights)]
-    res.samples_ms = result.candidate_samples
+    res.samples_ms = kept_samples(result.candidate_samples)
     res.timing_info.update(
         hold.to_dict(),
         loadavg_before=before["loadavg"],
@@ -179,7 +179,7 @@ def time_trial(
             shape_entry(s.inputs, s.weight, r, job.objective.statistic) for s, r in zip(shapes, results)
         ]
         if baseline is not None:
-            res.baseline_samples_ms = result.baseline_samples
+            res.baseline_samples_ms = kept_samples(result.baseline_samples)
             res.paired["baseline_latency"] = weighted_latency(
                 [summarize(r.baseline_samples).to_dict() for r in results], weights
             )
@@ -192,7 +192,7 @@ def time_trial(
         "running": result.running,
     }
     if baseline is not None:
-        res.baseline_samples_ms = result.baseline_samples
+        res.baseline_samples_ms = kept_samples(result.baseline_samples)
         res.paired["baseline_latency"] = summarize(result.baseline_samples).to_dict()
     if result.stop == SLOW and result.speedup is not None:
         res.status = J.SLOW
