@@ -15,7 +15,7 @@ close together), one `tuner run` command runs a fresh study of `--trials` trials
 - the machine's load: load averages before and after, and the share of CPU time the whole host
   spent busy during the run (/proc/stat), since other jobs may share the machine.
 Writes bench/results/scaling.json. Usage:
-    python bench/scaling.py [--pg postgresql://postgres@127.0.0.1/postgres] [--reps 3]
+    python bench/scaling.py [--pg postgresql://postgres@127.0.0.1/postgres] [--reps 3] [--idle-build] [--block-s 0.005]
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ def run_once(
     rep: int,
     idle_build: bool = False,
     fresh: bool = False,
+    block_s: float | None = None,
 ) -> dict[str, Any]:
     """One `tuner run` of a fresh fixed-cost study with `workers` workers, measured end to end."""
     url = _database(admin)
@@ -114,8 +115,15 @@ def run_once(
                 "model": {"path": str(tmp / "tiny.onnx")},
                 "data": {"samples": 2, "gate_samples": 1},
                 "accuracy": {"metric": "max_abs", "tolerance": 1e-3},
-                # the tuner's own cost is measured, not the model: each paired timing is capped at 0.2 s
-                "objective": {"warmup_s": 0.0, "min_repeats": 3, "min_duration_s": 0.0, "timing_cap_s": 0.2},
+                # the tuner's own cost is measured, not the model: each paired timing is capped at 0.2 s beyond
+                # its minimum cycles (6 of 4 blocks: 1.2 s at the default 50 ms blocks, ~0.15 s at 5 ms)
+                "objective": {
+                    "warmup_s": 0.0,
+                    "min_repeats": 3,
+                    "min_duration_s": 0.0,
+                    "timing_cap_s": 0.2,
+                    **({"block_s": block_s} if block_s is not None else {}),
+                },
                 "backend": {
                     "name": "bench.fixed_cost:FixedCostBackend",
                     "options": {"build_s": build_s, "idle_build": idle_build},
@@ -227,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="every trial child a fresh interpreter ($TUNER_FORK_SERVER=0), as before the pre-imported server",
     )
+    p.add_argument(
+        "--block-s",
+        type=float,
+        default=0.005,
+        help="the paired timing's block length ([objective] block_s; 0 = the product's default, 50 ms on the CPU): "
+        "the minimum cycles are exclusive per host, so at 50 ms they alone bound what 2 cores can overlap",
+    )
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scaling.json")
     args = p.parse_args(argv)
     try:
@@ -247,7 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             for n in counts:
                 runs.append(
-                    run_once(n, args.trials, args.build_s, args.pg, tmp, rep, args.idle_build, args.fresh_children)
+                    run_once(
+                        n,
+                        args.trials,
+                        args.build_s,
+                        args.pg,
+                        tmp,
+                        rep,
+                        args.idle_build,
+                        args.fresh_children,
+                        args.block_s or None,
+                    )
                 )
                 r = runs[-1]
                 print(
@@ -262,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "build_s": args.build_s,
         "idle_build": args.idle_build,
+        "block_s": args.block_s or "default (50 ms)",
         "children": "fresh" if args.fresh_children else "forked",
         "trials_per_run": args.trials,
         "reps": args.reps,

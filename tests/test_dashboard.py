@@ -11,6 +11,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -243,3 +244,19 @@ def test_the_dashboard_refuses_a_foreign_host_header_and_writes_nothing(
         proc.terminate()
         proc.wait(timeout=30)
     assert _rows(sqlite_url) == before  # no study note, nothing else: a read-only command
+
+
+def test_a_process_writes_the_note_without_the_dashboard_app(sqlite_url: str) -> None:
+    """The note is optuna-dashboard's own (read back with its `get_note`), written without importing its web app."""
+    code = f"""
+import sys, optuna
+from tuner.study.note import update_note
+study = optuna.create_study(study_name="n", storage={normalize_url(sqlite_url)!r})
+assert update_note(study)
+print(sorted(m for m in ("optuna_dashboard", "optuna.importance", "sklearn") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+    study = optuna.load_study(study_name="n", storage=normalize_url(sqlite_url))
+    assert get_note(study).startswith("## Route Tuner: n")

@@ -7,8 +7,13 @@ is the tuner's: edits made in the dashboard are overwritten by the next update.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
+import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -80,13 +85,34 @@ def render_note(s: Summary, confirmation: dict[str, Any] | None, head: Headline,
     return "\n\n".join(lines)[:NOTE_LIMIT]
 
 
+@functools.cache
+def _save_note() -> Callable[[optuna.Study, str], None]:
+    """optuna-dashboard's `save_note`, loaded from its own module (`optuna_dashboard._note`) alone.
+
+    `import optuna_dashboard` also imports its web application and through it `optuna.importance` and
+    scikit-learn: a second of CPU in every worker process, for a function that writes two study
+    attributes and needs only Optuna. The module layout is that of the pinned 0.21 releases.
+    """
+    if "optuna_dashboard" in sys.modules:  # imported already (the dashboard command): its own
+        from optuna_dashboard import save_note
+
+        return save_note
+    package = importlib.util.find_spec("optuna_dashboard")  # found, not imported
+    if package is None or package.origin is None:
+        raise ModuleNotFoundError("optuna_dashboard")
+    spec = importlib.util.spec_from_file_location("optuna_dashboard._note", Path(package.origin).with_name("_note.py"))
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError("optuna_dashboard._note")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.save_note  # type: ignore[no-any-return]
+
+
 def update_note(study: optuna.Study) -> bool:
     """Rewrite the study note from the current trials. Never raises: a note is not worth a trial."""
     try:
-        from optuna_dashboard import save_note
-
         summary, head = study_headline(study)
-        save_note(study, render_note(summary, study.user_attrs.get(A.CONFIRMATION), head))
+        _save_note()(study, render_note(summary, study.user_attrs.get(A.CONFIRMATION), head))
         return True
     except Exception as exc:  # the note is a convenience; the study must go on without it
         log.warning("could not update the study note: %s: %s", type(exc).__name__, exc)
