@@ -10,11 +10,12 @@ across processes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tuner import job as J
 from tuner.study import attrs as A
-from tuner.study.optuna_adapter import count_by_state, count_with_attr
+from tuner.study.optuna_adapter import count_by_state
 from tuner.study.outcome import UNCOUNTED
 
 
@@ -51,13 +52,17 @@ class Counts:
 
 def count_trials(url: str, study_id: int) -> Counts:
     """Fresh counts for one study."""
-    by_state = count_by_state(url, study_id)
+    by_class = count_by_state(url, study_id, A.FAILURE_CLASS)
+
+    def count(state: str, classes: Iterable[str] | None = None) -> int:
+        return sum(n for (s, c), n in by_class.items() if s == state and (classes is None or c in classes))
+
     return Counts(
-        complete=by_state.get("COMPLETE", 0),
-        pruned=by_state.get("PRUNED", 0),
-        fail=by_state.get("FAIL", 0),
-        running=by_state.get("RUNNING", 0),
-        waiting=by_state.get("WAITING", 0),
-        uncounted_fail=count_with_attr(url, study_id, "FAIL", A.FAILURE_CLASS, UNCOUNTED),
-        known_failures=count_with_attr(url, study_id, "PRUNED", A.FAILURE_CLASS, (J.KNOWN_FAILURE,)),
+        complete=count("COMPLETE"),
+        pruned=count("PRUNED"),
+        fail=count("FAIL"),
+        running=count("RUNNING"),
+        waiting=count("WAITING"),
+        uncounted_fail=count("FAIL", UNCOUNTED),
+        known_failures=count("PRUNED", (J.KNOWN_FAILURE,)),
     )

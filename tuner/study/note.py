@@ -20,7 +20,7 @@ import optuna
 
 from tuner.study import attrs as A
 from tuner.study.summary import Summary
-from tuner.study.verdict import Headline, study_headline
+from tuner.study.verdict import Headline, headline_of
 
 log = logging.getLogger("tuner.note")
 NOTE_LIMIT = 2000  # one optuna-dashboard note chunk (2045 characters): written in one attribute
@@ -111,8 +111,9 @@ def _save_note() -> Callable[[optuna.Study, str], None]:
 def update_note(study: optuna.Study) -> bool:
     """Rewrite the study note from the current trials. Never raises: a note is not worth a trial."""
     try:
-        summary, head = study_headline(study)
-        _save_note()(study, render_note(summary, study.user_attrs.get(A.CONFIRMATION), head))
+        attrs = study.user_attrs  # read once: the summary, the headline and the note all need it
+        summary, head = headline_of(study.study_name, study.get_trials(deepcopy=False), attrs)
+        _save_note()(study, render_note(summary, attrs.get(A.CONFIRMATION), head))
         return True
     except Exception as exc:  # the note is a convenience; the study must go on without it
         log.warning("could not update the study note: %s: %s", type(exc).__name__, exc)

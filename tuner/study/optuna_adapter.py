@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -200,28 +200,22 @@ def _upsert(conn: Any, upsert: Any, model: Any, rows: list[dict[str, Any]], keys
     conn.execute(stmt.on_conflict_do_update(index_elements=keys, set_=changed))
 
 
-def count_by_state(url: str, study: int) -> dict[str, int]:
-    """Trials of study id `study` per state name (COMPLETE, PRUNED, FAIL, RUNNING, WAITING), read fresh."""
-    with get_engine(url).connect() as conn:
-        rows = conn.execute(
-            text("SELECT state, COUNT(*) FROM trials WHERE study_id = :s GROUP BY state"), {"s": study}
-        ).all()
-    return {str(state).split(".")[-1].upper(): int(n) for state, n in rows}
+def count_by_state(url: str, study: int, key: str) -> dict[tuple[str, Any], int]:
+    """Trials of study id `study` per (state name, their user attribute `key`, None where unset), read fresh.
 
-
-def count_with_attr(url: str, study: int, state: str, key: str, values: Iterable[Any]) -> int:
-    """Trials of study id `study` in `state` whose user attribute `key` is one of `values`, read fresh."""
-    wanted = [json.dumps(v) for v in values]
-    if not wanted:
-        return 0
-    marks = ", ".join(f":v{i}" for i in range(len(wanted)))
+    State names are COMPLETE, PRUNED, FAIL, RUNNING, WAITING. One query: the budget counts trials by
+    state and some of them by failure class under the study lock before every `ask`.
+    """
     sql = (
-        "SELECT COUNT(*) FROM trials t JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
-        f"WHERE t.study_id = :s AND t.state = :state AND a.key = :key AND a.value_json IN ({marks})"
+        "SELECT t.state, a.value_json, COUNT(*) FROM trials t LEFT JOIN trial_user_attributes a "
+        "ON a.trial_id = t.trial_id AND a.key = :key WHERE t.study_id = :s GROUP BY t.state, a.value_json"
     )
-    params = {"s": study, "state": state, "key": key, **{f"v{i}": v for i, v in enumerate(wanted)}}
     with get_engine(url).connect() as conn:
-        return int(conn.execute(text(sql), params).scalar() or 0)
+        rows = conn.execute(text(sql), {"s": study, "key": key}).all()
+    return {
+        (str(state).split(".")[-1].upper(), None if value is None else json.loads(value)): int(n)
+        for state, value, n in rows
+    }
 
 
 def enqueue_retry(study: optuna.Study, params: dict[str, Any], user_attrs: dict[str, Any]) -> bool:

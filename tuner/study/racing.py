@@ -60,7 +60,12 @@ RACE_TOP_K = 3  # leaders considered for racing
 
 def races(study: optuna.Study) -> dict[str, dict[str, Any]]:
     """The study's racing document (trial number as a string -> refined standing)."""
-    return dict(study.user_attrs.get(A.RACING) or {})
+    return races_in(study.user_attrs)
+
+
+def races_in(attrs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The racing document in a study's user attributes `attrs` (read by the caller)."""
+    return dict(attrs.get(A.RACING) or {})
 
 
 def is_baseline(t: FrozenTrial) -> bool:

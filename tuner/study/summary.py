@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -108,7 +110,11 @@ def repeated_failures(trials: list[FrozenTrial]) -> int:
 
 def summarize_study(study: optuna.Study) -> Summary:
     """Summarise every trial of `study` (a fresh read)."""
-    trials = study.get_trials(deepcopy=False)
+    return summarize_trials(study.study_name, study.get_trials(deepcopy=False), study.user_attrs)
+
+
+def summarize_trials(name: str, trials: Sequence[FrozenTrial], attrs: Mapping[str, Any]) -> Summary:
+    """Summarise study `name` from its trials and its user attributes, read once by the caller."""
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     feasible = [t for t in complete if is_feasible(t)]
     classes: dict[str, int] = {}
@@ -126,10 +132,10 @@ def summarize_study(study: optuna.Study) -> Summary:
     if starts:
         end = datetime.now() if running or not ends else max(ends)
         elapsed = (end - min(starts)).total_seconds()
-    confirm_s = float((study.user_attrs.get(A.CONFIRMATION) or {}).get("seconds") or 0.0)
+    confirm_s = float((attrs.get(A.CONFIRMATION) or {}).get("seconds") or 0.0)
     return Summary(
-        study=study.study_name,
-        budget=study.user_attrs.get(A.BUDGET),
+        study=name,
+        budget=attrs.get(A.BUDGET),
         complete=len(complete),
         pruned=gate,
         failed=failed,

@@ -30,8 +30,8 @@ from optuna.trial import FrozenTrial
 from tuner.measure.shapes import per_shape
 from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
-from tuner.study.racing import Races, best_confirmed, races, standing
-from tuner.study.summary import Summary, summarize_study
+from tuner.study.racing import Races, best_confirmed, races_in, standing
+from tuner.study.summary import Summary, summarize_trials
 
 SPEEDUP = "speedup"
 NO_SIGNIFICANT = "no-significant-speedup"
@@ -118,10 +118,13 @@ def study_estimate(
 
 def study_headline(study: optuna.Study) -> tuple[Summary, Headline]:
     """A fresh read of `study`: its summary and its headline."""
-    summary = summarize_study(study)
-    return summary, decide(
-        summary, study.user_attrs.get(A.CONFIRMATION), study.get_trials(deepcopy=False), races(study)
-    )
+    return headline_of(study.study_name, study.get_trials(deepcopy=False), study.user_attrs)
+
+
+def headline_of(name: str, trials: Sequence[FrozenTrial], attrs: Mapping[str, Any]) -> tuple[Summary, Headline]:
+    """Study `name`'s summary and headline from its trials and user attributes (read once by the caller)."""
+    summary = summarize_trials(name, trials, attrs)
+    return summary, decide(summary, attrs.get(A.CONFIRMATION), trials, races_in(attrs))
 
 
 def decide(
