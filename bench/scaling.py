@@ -244,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scaling.json")
     args = p.parse_args(argv)
+    block_s = args.block_s or None  # 0: the product's default
     try:
         counts = [int(n) for n in args.workers.split(",")]
     except ValueError:
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                         rep,
                         args.idle_build,
                         args.fresh_children,
-                        args.block_s or None,
+                        block_s,
                     )
                 )
                 r = runs[-1]
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "build_s": args.build_s,
         "idle_build": args.idle_build,
-        "block_s": args.block_s or "default (50 ms)",
+        "block_s": block_s or "default (50 ms)",
         "children": "fresh" if args.fresh_children else "forked",
         "trials_per_run": args.trials,
         "reps": args.reps,
