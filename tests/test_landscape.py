@@ -305,3 +305,16 @@ def test_default_sampler_builds_an_untried_route_instead_of_a_repeat() -> None:
         seen.append(route)
         study.tell(t, route[0] + ord(route[1]) / 100)
     assert len(set(seen)) == 9
+
+
+def test_shards_keep_each_precision_variant_on_one_shard(tmp_path: Path) -> None:
+    """A precision variant is built once per shard that has one of its routes: shards split by variant, not by index
+    (nothing is measured here)."""
+    spec = write_tiny_study(tmp_path)
+    every = Recorder(spec, tmp_path / "all.json.gz", rounds=1).routes
+    shards = [Recorder(spec, tmp_path / f"{k}.json.gz", rounds=1, shard=(k, 2)).routes for k in range(2)]
+    default = Context(load_spec(spec), "").space.default_route()
+    assert all(default in routes for routes in shards)  # every shard pairs with the default route
+    assert sorted(map(route_hash, every)) == sorted({route_hash(r) for routes in shards for r in routes})
+    variants = [{(r["precision"], r.get("per_channel")) for r in routes if r != default} for routes in shards]
+    assert variants[0] and variants[1] and not variants[0] & variants[1]  # 3 variants (fp32, int8 per channel or not)

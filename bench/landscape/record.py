@@ -61,7 +61,8 @@ from tuner.measure.inputs import read_feeds, save_feeds
 from tuner.measure.judge import Judge
 from tuner.measure.reference import load_reference
 from tuner.objective import fingerprint_part
-from tuner.space import Route, route_hash
+from tuner.space import Route, SearchSpace, route_hash
+from tuner.space.groups import knob_groups
 from tuner.spec import load_spec
 from tuner.study.setup import Context, seed_routes
 from tuner.worker.isolate import run_isolated
@@ -103,7 +104,7 @@ class Recorder:
             every = [r for i, r in enumerate(every) if i in keep or r == default]
         if shard is not None:
             k, n = shard
-            every = [r for i, r in enumerate(every) if i % n == k or r == default]
+            every = [r for r, s in zip(every, _shards(space, every, n)) if s == k or r == default]
         self.routes = every
         self.dir = self.ctx.work_dir / "landscape"
         self.journal = self.dir / "journal.jsonl"
@@ -474,6 +475,19 @@ def _short(route: Route) -> str:
     return " ".join(f"{k}={v}" for k, v in route.items() if k != "provider")
 
 
+def _shards(space: SearchSpace, routes: list[Route], n: int) -> list[int]:
+    """Each route's shard of `n`: routes that share a precision variant (the `precision` knob's group and every knob the
+    default route lacks: the sub-knobs, which the backend builds once and keeps under work_dir) go to one shard, the
+    variants dealt out in turn, so no variant is built on two shards; by index when the space has no such knob."""
+    group = next((g for g in knob_groups(space).groups if "precision" in g), None)
+    if group is None:
+        return [i % n for i in range(len(routes))]
+    default = space.default_route()
+    variant = [*group, *(p.name for p in space.params if p.name not in default and p.name not in group)]
+    dealt: dict[tuple[Any, ...], int] = {}
+    return [dealt.setdefault(tuple(r.get(k) for k in variant), len(dealt) % n) for r in routes]
+
+
 def _shard(text: str) -> tuple[int, int]:
     k, _, n = text.partition("/")
     if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
@@ -489,7 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="timing rounds per route (default 2)")
     p.add_argument("--sample", type=int, default=None, help="record a random subset of this many routes")
     p.add_argument("--seed", type=int, default=0, help="seed of the subset and of the visiting orders")
-    p.add_argument("--shard", type=_shard, default=None, help="K/N: record only the routes whose index is K mod N")
+    p.add_argument(
+        "--shard",
+        type=_shard,
+        default=None,
+        help="K/N: record only shard K of N (a precision variant's routes share one)",
+    )
     p.add_argument(
         "--merge",
         type=Path,
