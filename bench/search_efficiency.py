@@ -3,6 +3,7 @@
     python bench/search_efficiency.py            # all scenarios, 20 seeds, 100 builds
     python bench/search_efficiency.py --jobs 2   # the same, in 2 processes
     python bench/search_efficiency.py --report-only   # re-render docs and PNG from the JSON
+    python bench/search_efficiency.py --stop-after 540 [--resume]   # in pieces: each call goes on where one stopped
 
 Every strategy (bench/landscape/strategies.py) runs `--seeds` times on each scenario (a landscape
 under one accuracy tolerance) until it has spent `--budget` builds. Each run is scored by the true
@@ -10,7 +11,10 @@ value of the route it would deliver after each build, by its own selection rule 
 score.py), and, secondarily, by the best route it built. The default sampler is chosen from the
 tuning scenarios only, by the rule in `choose_default`, and reported on the held-out one. Writes
 bench/results/search-efficiency.json (every run's scores), the result tables into
-docs/search-efficiency.md (between the results markers) and docs/img/search-efficiency.png.
+docs/search-efficiency.md (between the results markers) and docs/img/search-efficiency.png. With
+`--stop-after` it stops starting runs after that many seconds and writes the cells (a strategy on a
+scenario, every seed) and transfer rows it completed, with the rest under `missing`; `--resume` keeps
+what such a file holds for the same settings and landscapes and runs only the rest.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from multiprocessing import Pool
@@ -156,29 +160,53 @@ def one_run(task: tuple[Scenario, str, int, int]) -> tuple[str, str, int, dict[s
     return scenario.name, name, seed, result
 
 
-def run_all(scenarios: Sequence[Scenario], names: Sequence[str], seeds: int, budget: int, jobs: int) -> dict[str, Any]:
-    """Every (scenario, strategy, seed) run, grouped and summarised."""
-    tasks = [(sc, name, seed, budget) for sc in scenarios for name in names for seed in range(seeds)]
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {sc.name: {n: [] for n in names} for sc in scenarios}
+def run_all(
+    scenarios: Sequence[Scenario],
+    names: Sequence[str],
+    seeds: int,
+    budget: int,
+    jobs: int,
+    done: dict[str, Any] | None = None,
+    deadline: float = math.inf,
+) -> dict[str, Any]:
+    """Every (scenario, strategy, seed) run, grouped and summarised; the cells of `done` (an earlier run's results
+    with the same settings) are kept, not run again. At `deadline` (time.monotonic) the runs stop and only the cells
+    with every seed are returned."""
+    done = done or {}
+    todo = [(sc, n) for sc in scenarios for n in names if n not in done.get(sc.name, {})]
+    tasks = [(sc, name, seed, budget) for sc, name in todo for seed in range(seeds)]
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {sc.name: {} for sc in scenarios}
     t0 = time.monotonic()
-    if jobs > 1:
-        with Pool(jobs) as pool:
-            results = pool.imap_unordered(one_run, tasks, chunksize=1)
-            for i, (sc, name, seed, r) in enumerate(results, 1):
-                runs[sc][name].append({"seed": seed, **r})
-                _progress(i, len(tasks), t0)
-    else:
-        for i, task in enumerate(tasks, 1):
-            sc, name, seed, r = one_run(task)
-            runs[sc][name].append({"seed": seed, **r})
-            _progress(i, len(tasks), t0)
-    missing = [(sc, n) for sc, by in runs.items() for n, rs in by.items() if len(rs) != seeds]
-    if missing:
-        print(f"warning: runs missing for {missing}", file=sys.stderr)
+    for i, (sc, name, seed, r) in enumerate(_pooled(one_run, tasks, jobs, deadline), 1):
+        runs[sc].setdefault(name, []).append({"seed": seed, **r})
+        _progress(i, len(tasks), t0)
     return {
-        sc: {n: _summary(sorted(rs, key=lambda r: r["seed"]), budget) for n, rs in by.items() if rs}
-        for sc, by in runs.items()
+        sc.name: {
+            n: done[sc.name][n]
+            if n in done.get(sc.name, {})
+            else _summary(sorted(runs[sc.name][n], key=lambda r: r["seed"]), budget)
+            for n in names
+            if n in done.get(sc.name, {}) or len(runs[sc.name].get(n, [])) == seeds
+        }
+        for sc in scenarios
     }
+
+
+def _pooled(fn: Callable[[Any], Any], tasks: list[Any], jobs: int, deadline: float) -> Iterator[Any]:
+    """fn over tasks, in `jobs` processes (unordered), until every task is done or `deadline` passes."""
+    if time.monotonic() >= deadline or not tasks:
+        return
+    if jobs <= 1:
+        for task in tasks:
+            yield fn(task)
+            if time.monotonic() >= deadline:
+                return
+        return
+    with Pool(jobs) as pool:  # leaving the block terminates the tasks still running
+        for result in pool.imap_unordered(fn, tasks, chunksize=1):
+            yield result
+            if time.monotonic() >= deadline:
+                return
 
 
 TRANSFER_SOURCE_BUILDS = 30  # each source study's budget in the transfer runs
@@ -244,23 +272,32 @@ def transfer_run(task: tuple[Scenario, tuple[Scenario, ...], int, int]) -> tuple
     return target.name, seed, out
 
 
-def run_transfer(scenarios: Sequence[Scenario], seeds: int, budget: int, jobs: int) -> dict[str, Any]:
+def run_transfer(
+    scenarios: Sequence[Scenario],
+    seeds: int,
+    budget: int,
+    jobs: int,
+    done: dict[str, Any] | None = None,
+    deadline: float = math.inf,
+) -> dict[str, Any]:
     """The transfer rows: per target scenario with a source, builds to 2 % and within 2 % at 30 with and without a warm
-    start."""
+    start; the rows of `done` are kept, and at `deadline` only the rows with every seed are returned."""
+    done = done or {}
     tasks = [
         (sc, tuple(src), seed, budget)
         for sc in scenarios
-        if (src := transfer_sources(sc, scenarios))
+        if sc.name not in done and (src := transfer_sources(sc, scenarios))
         for seed in range(seeds)
     ]
     runs: dict[str, list[dict[str, Any]]] = {}
     t0 = time.monotonic()
-    results = Pool(jobs).imap_unordered(transfer_run, tasks, chunksize=1) if jobs > 1 else map(transfer_run, tasks)
-    for i, (name, seed, r) in enumerate(results, 1):
+    for i, (name, seed, r) in enumerate(_pooled(transfer_run, tasks, jobs, deadline), 1):
         runs.setdefault(name, []).append({"seed": seed, **r})
         _progress(i, len(tasks), t0)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {sc.name: done[sc.name] for sc in scenarios if sc.name in done}
     for name, rs in runs.items():
+        if len(rs) != seeds:
+            continue
         row: dict[str, Any] = {"sources": rs[0]["warm"]["sources"], "seeds": len(rs)}
         for label in ("warm", "cold"):
             row[label] = {
@@ -276,8 +313,30 @@ def run_transfer(scenarios: Sequence[Scenario], seeds: int, budget: int, jobs: i
     return out
 
 
+def _previous(path: Path, settings: dict[str, Any], scenarios: Sequence[Scenario]) -> dict[str, Any]:
+    """The results file at `path` when it was written with `settings` (for --resume), else nothing; its scenarios
+    only where their landscape file is the same."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if old.get("settings") != settings:
+        print(f"{path}: other settings ({old.get('settings')}); starting over", file=sys.stderr)
+        return {}
+    same = {
+        sc.name
+        for sc in scenarios
+        if old.get("scenarios", {}).get(sc.name, {}).get("facts") == truth_for(sc).describe()
+    }
+    return {
+        "scenarios": {n: v for n, v in old.get("scenarios", {}).items() if n in same},
+        "results": {n: v for n, v in old.get("results", {}).items() if n in same},
+        "transfer": old.get("transfer", {}) if same == {sc.name for sc in scenarios} else {},
+    }
+
+
 def _progress(i: int, n: int, t0: float) -> None:
-    if i % 25 == 0 or i == n:
+    if i % 100 == 0 or i == n:
         rate = (time.monotonic() - t0) / i
         print(f"{i}/{n} runs, eta {rate * (n - i) / 60:.1f} min", file=sys.stderr, flush=True)
 
@@ -639,6 +698,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-docs", action="store_true", help="write only the JSON (e.g. a longer budget for a few strategies)"
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the cells (scenario, strategy) and transfer rows the JSON already holds with the same settings",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=math.inf,
+        metavar="S",
+        help="stop starting runs after S seconds and write the complete cells (a later --resume goes on)",
+    )
     args = p.parse_args(argv)
     if args.report_only:
         try:
@@ -650,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(doc, args.png)
         return 0
     scenarios = [s for s in available(SCENARIOS) if s.name in args.scenarios]
+    deadline = time.monotonic() + args.stop_after
     import optuna
 
     doc: dict[str, Any] = {
@@ -672,7 +744,11 @@ def main(argv: list[str] | None = None) -> int:
         "strategies": {n: STRATEGIES[n].label for n in args.strategies},
         "scenarios": {},
     }
+    previous = _previous(args.json, doc["settings"], scenarios) if args.resume else {}
     for sc in scenarios:
+        if sc.name in previous.get("scenarios", {}):
+            doc["scenarios"][sc.name] = previous["scenarios"][sc.name]
+            continue
         t = truth_for(sc)
         meta = t.landscape.meta
         doc["scenarios"][sc.name] = {
@@ -691,10 +767,26 @@ def main(argv: list[str] | None = None) -> int:
             },
             "paired_measurement": measurement_facts(t, drift_share(sc)),
         }
-    doc["results"] = run_all(scenarios, args.strategies, args.seeds, args.budget, args.jobs)
+    doc["results"] = run_all(
+        scenarios, args.strategies, args.seeds, args.budget, args.jobs, previous.get("results"), deadline
+    )
     if args.transfer:
-        doc["transfer"] = run_transfer(scenarios, args.seeds, args.budget, args.jobs)
+        doc["transfer"] = run_transfer(
+            scenarios, args.seeds, args.budget, args.jobs, previous.get("transfer"), deadline
+        )
     doc["environment"]["loadavg_end"] = list(os.getloadavg())
+    missing = [f"{sc}/{n}" for sc in doc["results"] for n in args.strategies if n not in doc["results"][sc]]
+    missing += [
+        sc.name
+        for sc in scenarios
+        if args.transfer and transfer_sources(sc, scenarios) and sc.name not in doc.get("transfer", {})
+    ]
+    if missing:
+        doc["missing"] = missing
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1, default=str))
+        print(f"stopped with {len(missing)} cells to go ({', '.join(missing)}): run again with --resume")
+        return 3
     if (
         RunSpec(budget=1).sampler in args.strategies
         and args.budget >= CHOICE_BUDGET
