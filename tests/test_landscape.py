@@ -265,19 +265,28 @@ def test_scores_of_a_known_sequence(recorded) -> None:
 
 
 def test_the_benchmark_command_writes_json_markdown_and_png(recorded, tmp_path: Path) -> None:
-    script = f"""
+    def bench(*extra: str) -> subprocess.CompletedProcess[str]:
+        script = f"""
 import sys; sys.argv = ['x']
 sys.path.insert(0, {str(REPO)!r})
 import bench.search_efficiency as se
 se.SCENARIOS = (se.Scenario('tiny', {str(recorded[1])!r}, 'tiny', 1.0),
                 se.Scenario('tiny-strict', {str(recorded[1])!r}, 'tiny', 1e-5))
-sys.exit(se.main(['--seeds', '2', '--budget', '6', '--strategies', 'local', 'random', 'gpt-fast',
+sys.exit(se.main(['--seeds', '2', '--budget', '6', '--strategies', *{list(extra)!r},
                   '--json', {str(tmp_path / "r.json")!r}, '--markdown', {str(tmp_path / "r.md")!r},
                   '--png', {str(tmp_path / "r.png")!r}]))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+
+    first = bench("random", "--stop-after", "0")  # stops before any run: nothing complete, all of it missing
+    assert first.returncode == 3, first.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["missing"] == ["tiny/random", "tiny-strict/random"]
+    assert bench("random").returncode == 0  # the complete file the next call resumes from
+    kept = json.loads((tmp_path / "r.json").read_text())["results"]["tiny"]["random"]
+    done = bench("local", "random", "gpt-fast", "--resume")
     assert done.returncode == 0, done.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["results"]["tiny"]["random"] == kept  # resumed: the earlier cell is kept, not run again
     assert set(doc["results"]) == {"tiny", "tiny-strict"} and set(doc["results"]["tiny"]) == {
         "local",
         "random",
