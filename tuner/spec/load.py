@@ -19,6 +19,7 @@ from tuner.objective import value_type
 from tuner.spec.model import (
     DEFAULT_SAMPLER,
     DEFAULT_STARTUP_TRIALS,
+    WARM_START_MODES,
     AccuracySpec,
     BackendSpec,
     DataSpec,
@@ -445,7 +446,7 @@ def _run(r: _Reader) -> RunSpec:
         seed=r.get(t, "run", "seed", int, 0),
         startup_trials=r.count(t, "run", "startup_trials", DEFAULT_STARTUP_TRIALS, minimum=0),
         racing=r.get(t, "run", "racing", bool, True),
-        warm_start=_choice(r, t, "warm_start", ("auto", "off"), "auto"),
+        warm_start=_choice(r, t, "warm_start", WARM_START_MODES, RunSpec.warm_start),
         keep_best=r.count(t, "run", "keep_best", 3),
         max_disk_mb=r.number(t, "run", "max_disk_mb", strict=True) if "max_disk_mb" in t else None,
         mix_devices=r.get(t, "run", "mix_devices", bool, False),

@@ -91,6 +91,9 @@ DEADLINE_TIMEOUTS = 8  # trial timeouts in a trial's deadline: 1 baseline wait +
 DEFAULT_SAMPLER = "local"  # chosen by the delivered-route benchmark (docs/search-efficiency.md)
 
 
+WARM_START_MODES = ("auto", "off")  # [run] warm_start
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """How the study runs: budget, workers, timeouts, leases, sampler; what `tuner gc` keeps and the size cap."""
@@ -105,7 +108,9 @@ class RunSpec:
     seed: int = 0
     startup_trials: int = DEFAULT_STARTUP_TRIALS  # chosen in docs/search-efficiency.md
     racing: bool = True  # re-measure close leaders during the study (tuner.worker.race)
-    warm_start: str = "auto"  # start a new study from other models' studies in the storage (tuner.study.warm_start)
+    # "auto": start a new study from other models' studies in the storage (tuner.study.warm_start); off by default:
+    # in the search benchmark it took more builds than a cold start on every target (docs/search-efficiency.md)
+    warm_start: str = "off"
     keep_best: int = 3  # feasible trials whose artifacts `tuner gc` keeps (with the baseline and confirmed ones)
     max_disk_mb: float | None = None  # `tuner run` collects garbage when the work dir grows past this
     mix_devices: bool = False  # workers on other hardware than the study's first may join (timings then mix devices)

@@ -1,8 +1,9 @@
 """Warm start: a new study starts from the finished studies of *other* models on the same kind of device.
 
-With `[run] warm_start = "auto"` (the default), a study created in a storage that already holds studies
-of the same backend on the same kind of device (`device_kind`) but of another model (`model_sha256`)
-takes two things from each of them:
+With `[run] warm_start = "auto"` (the default is "off": in the search benchmark it took more builds than a
+cold start, docs/search-efficiency.md), a study created in a storage that already holds studies of the same
+backend on the same kind of device (`device_kind`) but of another model (`model_sha256`) takes two things from
+each of them:
 
 - its winner (the confirmed winner of its end-of-study confirmation, else racing's confirmed best),
   projected onto the new space — each knob the new space has keeps the winner's value where the new
@@ -30,7 +31,6 @@ from tuner.study import attrs as A
 from tuner.study import racing
 from tuner.study.local_search import observation
 
-MODES = ("auto", "off")
 SOURCE = "warm-start"
 
 
