@@ -399,7 +399,7 @@ def measurement_facts(truth: Truth, share: float, top: int = 5, repeats: int = 2
 # -- choosing the default ---------------------------------------------------------------------------
 
 CHOICE_BUDGET = 30
-CHOICE_MARGIN = 0.10  # a challenger must be better by this share of seeds (2 of 20) to replace the default
+CHOICE_MARGIN_SEEDS = 2  # a challenger must be better by this many seeds (a share of 2/seeds) to replace the default
 
 
 def choose_default(doc: dict[str, Any], current: str | None = None) -> dict[str, Any]:
@@ -407,7 +407,8 @@ def choose_default(doc: dict[str, Any], current: str | None = None) -> dict[str,
 
     Key, in order: the lowest share (over tuning scenarios) of seeds delivered within 2 % at
     CHOICE_BUDGET builds, then its mean. The current default stays unless a candidate beats it on
-    the first key by CHOICE_MARGIN, or ties within the margin and beats it on the second by it.
+    the first key by a margin of CHOICE_MARGIN_SEEDS seeds (as a share of the seeds per cell), or
+    ties within the margin and beats it on the second by it.
     """
     current = current or RunSpec(budget=1).sampler
     tuning = [n for n, sc in doc["scenarios"].items() if not sc["held_out"]]
@@ -417,22 +418,25 @@ def choose_default(doc: dict[str, Any], current: str | None = None) -> dict[str,
         s for s in doc["strategies"] if STRATEGIES[s].candidate and all(s in doc["results"][sc] for sc in tuning)
     ):
         shares = [doc["results"][sc][strat][key]["share"] for sc in tuning]
+        seeds = min(doc["results"][sc][strat][key]["n"] for sc in tuning)
         table[strat] = {
             "min_share": min(shares),
             "mean_share": round(sum(shares) / len(shares), 5),
             "shares": dict(zip(tuning, shares)),
+            "margin": round(CHOICE_MARGIN_SEEDS / seeds, 5),
         }
     best = max(table, key=lambda n: (table[n]["min_share"], table[n]["mean_share"], n == current))
     b, c = table[best], table[current]
-    better = b["min_share"] >= c["min_share"] + CHOICE_MARGIN or (
-        b["min_share"] > c["min_share"] - CHOICE_MARGIN and b["mean_share"] >= c["mean_share"] + CHOICE_MARGIN
+    margin = max(b["margin"], c["margin"]) - 1e-9  # shares of whole seeds: a lead of exactly the margin counts
+    better = b["min_share"] >= c["min_share"] + margin or (
+        b["min_share"] > c["min_share"] - margin and b["mean_share"] >= c["mean_share"] + margin
     )
     chosen = best if better else current
     held = [n for n, sc in doc["scenarios"].items() if sc["held_out"]]
     return {
         "rule": choose_default.__doc__.split("\n\n")[1].replace("\n    ", " ").strip(),
         "budget": CHOICE_BUDGET,
-        "margin": CHOICE_MARGIN,
+        "margin_seeds": CHOICE_MARGIN_SEEDS,
         "tuning_scenarios": tuning,
         "held_out": held,
         "candidates": table,

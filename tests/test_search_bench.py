@@ -259,10 +259,10 @@ def test_every_strategy_spends_builds_on_distinct_routes_and_is_scored(name: str
 # -- choosing the default ---------------------------------------------------------------------------------
 
 
-def _doc(shares: dict[str, list[float]]) -> dict:
+def _doc(shares: dict[str, list[float]], seeds: int = 20) -> dict:
     scenarios = {"s1": {"held_out": False}, "s2": {"held_out": False}, "h": {"held_out": True}}
     results = {
-        sc: {strat: {"delivered_within_2pct_at_30": {"share": v[i], "n": 20}} for strat, v in shares.items()}
+        sc: {strat: {"delivered_within_2pct_at_30": {"share": v[i], "n": seeds}} for strat, v in shares.items()}
         for i, sc in enumerate(scenarios)
     }
     return {"scenarios": scenarios, "results": results, "strategies": {s: "" for s in shares}}
@@ -274,6 +274,10 @@ def test_the_default_changes_only_for_a_clear_win_on_the_tuning_scenarios() -> N
     clear = choose_default(_doc({"tpe": [0.6, 0.9, 1.0], "random": [0.75, 0.95, 0.0]}), current="tpe")
     assert clear["chosen"] == "random"  # lowest share 0.75 vs 0.60: held-out results play no part
     assert clear["held_out_result"]["h"]["delivered_within_2pct_at_30"]["share"] == 0.0
+    two_of_twenty = choose_default(_doc({"tpe": [0.6, 0.9, 1.0], "random": [0.7, 0.95, 0.0]}), current="tpe")
+    assert two_of_twenty["chosen"] == "random"  # a lead of exactly the margin (2 seeds of 20) counts
+    one_of_ten = choose_default(_doc({"tpe": [0.4, 1.0, 1.0], "random": [0.5, 0.6, 0.0]}, seeds=10), current="tpe")
+    assert one_of_ten["chosen"] == "tpe"  # one seed of ten is within the noise: the default stays
 
 
 def test_sampler_for_repeats_a_run_with_the_same_seed() -> None:
