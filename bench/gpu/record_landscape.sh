@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Record a CPU landscape on a many-core host in shards run side by side, each in its own copy of the study's
-# folder, pinned to its own pair of cores and with its own timing lock, then merge them into one file:
+# folder, pinned to its own pair of cores and with its own timing lock, then merge them into one file. Routes are
+# split by precision variant (`record.py --shard`), so each variant is built on one shard. ONNX Runtime's
+# `intra_op_threads = 0` takes every core of the host, not the shard's two: such routes run oversubscribed here
+# (record spaces that hold it on a machine like the one a study runs on, unsharded). For example:
 #
 #   bash bench/gpu/record_landscape.sh studies/silero_vad_landscape.toml bench/landscapes/silero_vad.json.gz 8
 #
