@@ -13,7 +13,10 @@ close together), one `tuner run` command runs a fresh study of `--trials` trials
   log, the outcome's writes and `tell`, the dashboard-note update and reserving the next trial; and
   the worker's own `overhead_s` attribute (which stops before `tell`) beside it;
 - the machine's load: load averages before and after, and the share of CPU time the whole host
-  spent busy during the run (/proc/stat), since other jobs may share the machine.
+  spent busy during the run (/proc/stat), since other jobs may share the machine;
+- the database's share: transactions committed in the study's own (fresh) database and WAL flushes
+  of the whole cluster during the run (`pg_stat_database`, `pg_stat_wal`), per trial, the command's
+  start and end included (a read-only transaction is a round trip; a flush waits for the disk).
 Writes bench/results/scaling.json. Usage:
     python bench/scaling.py [--pg postgresql://postgres@127.0.0.1/postgres] [--reps 3] [--idle-build] [--block-s 0.005]
 """
@@ -65,6 +68,20 @@ def _drop(admin: str, url: str) -> None:
             f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)'
         )  # this process's Optuna engine may still hold a connection
     conn.close()
+
+
+def database_counts(admin: str, url: str) -> tuple[int, int]:
+    """(transactions committed in `url`'s database, WAL flushes of the cluster) so far."""
+    conn = psycopg2.connect(admin)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = %s), wal_sync FROM pg_stat_wal",
+            (url.rsplit("/", 1)[1],),
+        )
+        commits, syncs = cur.fetchone()
+    conn.close()
+    return int(commits or 0), int(syncs)
 
 
 def cpu_times() -> tuple[int, int]:
@@ -132,6 +149,7 @@ def run_once(
             }
         )
     )
+    db_before = database_counts(admin, url)
     load_before, cpu_before = os.getloadavg(), cpu_times()
     t0 = time.perf_counter()
     subprocess.run(
@@ -143,6 +161,7 @@ def run_once(
     )
     wall = time.perf_counter() - t0
     cpu_after, load_after = cpu_times(), os.getloadavg()
+    db_after = database_counts(admin, url)  # before this process reads the study
     ts = [t for t in optuna.load_study(study_name=name, storage=normalize_url(url)).trials if t.datetime_complete]
     _drop(admin, url)
     overhead = [float(t.user_attrs[A.OVERHEAD_S]) for t in ts if A.OVERHEAD_S in t.user_attrs]
@@ -164,6 +183,8 @@ def run_once(
         "loadavg_before": [round(v, 2) for v in load_before],
         "loadavg_after": [round(v, 2) for v in load_after],
         "host_cpu_busy": round(busy, 3),
+        "db_transactions_per_trial": round((db_after[0] - db_before[0]) / max(len(ts), 1), 1),
+        "wal_flushes_per_trial": round((db_after[1] - db_before[1]) / max(len(ts), 1), 1),
     }
 
 
@@ -209,6 +230,8 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "overhead_incl_tell_s_p90",
                         "overhead_s_median",
                         "host_cpu_busy",
+                        "db_transactions_per_trial",
+                        "wal_flushes_per_trial",
                     )
                 },
             }
@@ -279,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"rep {rep + 1} workers {n}: {r['wall_s']} s end to end, overhead incl. tell "
                     f"{r['overhead_incl_tell_s_median']} s, load {r['loadavg_before'][0]}->{r['loadavg_after'][0]}, "
-                    f"host busy {r['host_cpu_busy']:.0%}",
+                    f"host busy {r['host_cpu_busy']:.0%}, {r['db_transactions_per_trial']} transactions and "
+                    f"{r['wal_flushes_per_trial']} WAL flushes per trial",
                     flush=True,
                 )
     doc = {

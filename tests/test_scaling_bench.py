@@ -52,6 +52,8 @@ def test_speedups_are_taken_within_each_repetition() -> None:
             "overhead_incl_tell_s_p90": 0.2,
             "overhead_s_median": 0.05,
             "host_cpu_busy": 0.5,
+            "db_transactions_per_trial": 120.0,
+            "wal_flushes_per_trial": 14.0,
         }
         for rep, (w1, w2) in enumerate(((40.0, 20.0), (80.0, 40.0), (40.0, 25.0)))
         for n, wall in ((1, w1), (2, w2))
