@@ -41,6 +41,7 @@ from bench.landscape.strategies import CHECKPOINTS as BUDGETS  # noqa: E402
 from bench.landscape.strategies import DEFAULT_SET, STRATEGIES, TRIAL_CAP  # noqa: E402
 from bench.landscape.truth import Truth  # noqa: E402
 from tuner.backends.replay.landscape import load_landscape  # noqa: E402
+from tuner.files import atomic_write  # noqa: E402
 from tuner.spec import RunSpec  # noqa: E402
 from tuner.study import attrs as A  # noqa: E402
 
@@ -311,6 +312,11 @@ def run_transfer(
         row["fewer_builds"] = round(1 - w / c, 3) if w is not None and c else None
         out[name] = row
     return out
+
+
+def _save(doc: dict[str, Any], path: Path) -> None:
+    """Write the results file atomically: an interrupted write leaves the previous file (what --resume reads)."""
+    atomic_write(path, json.dumps(doc, indent=1, default=str))
 
 
 def _previous(path: Path, settings: dict[str, Any], scenarios: Sequence[Scenario]) -> dict[str, Any]:
@@ -787,8 +793,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if missing:
         doc["missing"] = missing
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1, default=str))
+        _save(doc, args.json)
         print(f"stopped with {len(missing)} cells to go ({', '.join(missing)}): run again with --resume")
         return 3
     if (
@@ -798,8 +803,7 @@ def main(argv: list[str] | None = None) -> int:
         and any(not sc.held_out for sc in scenarios)
     ):
         doc["choice"] = choose_default(doc)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1, default=str))
+    _save(doc, args.json)
     if not args.no_docs:
         write_docs(doc, args.markdown)
         plot(doc, args.png)
