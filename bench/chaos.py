@@ -511,15 +511,19 @@ class Seed:
         return {"pid": pid, "worker": ppid}
 
     def stop_worker(self) -> dict[str, Any]:
-        leased = {int(r[0]) for r in _query(self.direct, "SELECT pid FROM tuner_leases WHERE state = 'running'")}
-        workers = [w for w in self._wait_for("worker") if w in leased] or self._wait_for("worker")
-        if not workers:
-            return {"skipped": "no worker"}
-        for _ in range(20):  # a worker between two trials holds nothing to reap: pick again
-            victim = self.rng.choice(sorted(workers))
-            out = self._stop_until_reaped(victim, (victim,), limit_s=6 * self.grace_s)
-            if "skipped" not in out:
-                break
+        """SIGSTOP a worker that holds a trial until that trial is reaped; a worker caught between two trials
+        holds nothing to reap, so the pick is made again (from the leases as they are then) for up to 30 s."""
+        deadline = time.monotonic() + 30
+        out: dict[str, Any] = {"skipped": "no worker"}
+        while time.monotonic() < deadline:
+            leased = {int(r[0]) for r in _query(self.direct, "SELECT pid FROM tuner_leases WHERE state = 'running'")}
+            workers = [w for w in self._wait_for("worker") if w in leased]
+            if workers:
+                victim = self.rng.choice(sorted(workers))
+                out = self._stop_until_reaped(victim, (victim,), limit_s=6 * self.grace_s)
+                if "skipped" not in out:
+                    break
+            time.sleep(0.1)
         return out
 
     def pg_restart(self) -> dict[str, Any]:
