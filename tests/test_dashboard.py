@@ -260,3 +260,28 @@ print(sorted(m for m in ("optuna_dashboard", "optuna.importance", "sklearn") if 
     assert out.stdout.strip() == "[]"
     study = optuna.load_study(study_name="n", storage=normalize_url(sqlite_url))
     assert get_note(study).startswith("## Route Tuner: n")
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "postgresql"])
+def test_the_note_written_in_one_transaction_is_what_optuna_dashboard_writes(
+    storage: str, request: pytest.FixtureRequest
+) -> None:
+    """Version, chunks and the blanked chunks of a longer earlier note: attribute for attribute as `save_note`."""
+    from optuna_dashboard import _note, save_note
+
+    from tuner.study import optuna_adapter as oa
+
+    url = normalize_url(request.getfixturevalue("sqlite_url" if storage == "sqlite" else "pg_url"))
+    ours, theirs = (optuna.create_study(study_name=name, storage=url) for name in ("ours", "theirs"))
+    for body in ("a" * 5000, "short note", "ü" * 2045):  # three chunks, then one (two left over), then exactly one
+        oa.save_study_note(ours, body, _note)
+        save_note(theirs, body)
+        assert get_note(ours) == body
+        assert system_attrs(ours) == system_attrs(theirs)
+    assert system_attrs(ours)[_note.note_ver_key(None)] == 3
+
+
+def system_attrs(study: optuna.Study) -> dict[str, object]:
+    from tuner.study import optuna_adapter as oa
+
+    return oa.storage_of(study).get_study_system_attrs(oa.study_id(study))

@@ -63,6 +63,30 @@ def _upsert_ignore(session: Session, model: type, values: dict[str, Any]) -> Non
     session.execute(stmt)
 
 
+def measurement_row(
+    run_id: str,
+    study: str,
+    trial_number: int,
+    result_key: str,
+    kind: str,
+    stats: dict[str, Any],
+    samples_ms: list[float],
+    timing_info: dict[str, Any],
+) -> dict[str, Any]:
+    """A timing run's row of raw samples (`run_id`: `new_run_id()`, chosen before any retry, keeps it unique)."""
+    return {
+        "run_id": run_id,
+        "study": study,
+        "trial_number": trial_number,
+        "result_key": result_key,
+        "kind": kind,
+        "stats": stats,
+        "samples_ms": samples_ms,
+        "timing_info": timing_info,
+        "created_at": time.time(),
+    }
+
+
 class ResultStore:
     """Read and write the tuner's own tables for one storage URL."""
 
@@ -87,12 +111,19 @@ class ResultStore:
             return row
 
     @retried
-    def save(self, key: str, fence: Fence | None = None, **values: Any) -> None:
-        """Store a result under `key` unless another worker stored one first; only while `fence` holds."""
+    def save(
+        self, key: str, fence: Fence | None = None, measurement: dict[str, Any] | None = None, **values: Any
+    ) -> None:
+        """Store a result under `key` unless another worker stored one first; only while `fence` holds.
+
+        `measurement` (`measurement_row`): the timing run behind the result, kept in the same transaction.
+        """
         with Session(self.engine) as s, s.begin():
             if fence is not None:
                 fence.hold(s.connection())
             _upsert_ignore(s, CachedResult, {"key": key, "created_at": time.time(), **values})
+            if measurement is not None:
+                _upsert_ignore(s, Measurement, measurement)
 
     @retried
     def add_measurement(
@@ -117,17 +148,7 @@ class ResultStore:
             _upsert_ignore(
                 s,
                 Measurement,
-                {
-                    "run_id": run_id,
-                    "study": study,
-                    "trial_number": trial_number,
-                    "result_key": result_key,
-                    "kind": kind,
-                    "stats": stats,
-                    "samples_ms": samples_ms,
-                    "timing_info": timing_info,
-                    "created_at": time.time(),
-                },
+                measurement_row(run_id, study, trial_number, result_key, kind, stats, samples_ms, timing_info),
             )
 
     @retried

@@ -11,14 +11,15 @@ import functools
 import importlib.util
 import logging
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import optuna
 
 from tuner.study import attrs as A
+from tuner.study import optuna_adapter as oa
 from tuner.study.summary import Summary
 from tuner.study.verdict import Headline, headline_of
 
@@ -86,17 +87,17 @@ def render_note(s: Summary, confirmation: dict[str, Any] | None, head: Headline,
 
 
 @functools.cache
-def _save_note() -> Callable[[optuna.Study, str], None]:
-    """optuna-dashboard's `save_note`, loaded from its own module (`optuna_dashboard._note`) alone.
+def _dashboard_notes() -> ModuleType:
+    """optuna-dashboard's note module (`optuna_dashboard._note`: the note's attribute names and chunking), loaded alone.
 
     `import optuna_dashboard` also imports its web application and through it `optuna.importance` and
-    scikit-learn: a second of CPU in every worker process, for a function that writes two study
-    attributes and needs only Optuna. The module layout is that of the pinned 0.21 releases.
+    scikit-learn: a second of CPU in every worker process, for a module that needs only Optuna. The
+    module layout is that of the pinned 0.21 releases.
     """
     if "optuna_dashboard" in sys.modules:  # imported already (the dashboard command): its own
-        from optuna_dashboard import save_note
+        from optuna_dashboard import _note
 
-        return save_note
+        return _note
     package = importlib.util.find_spec("optuna_dashboard")  # found, not imported
     if package is None or package.origin is None:
         raise ModuleNotFoundError("optuna_dashboard")
@@ -105,7 +106,7 @@ def _save_note() -> Callable[[optuna.Study, str], None]:
         raise ModuleNotFoundError("optuna_dashboard._note")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.save_note  # type: ignore[no-any-return]
+    return module
 
 
 def update_note(study: optuna.Study) -> bool:
@@ -113,7 +114,7 @@ def update_note(study: optuna.Study) -> bool:
     try:
         attrs = study.user_attrs  # read once: the summary, the headline and the note all need it
         summary, head = headline_of(study.study_name, study.get_trials(deepcopy=False), attrs)
-        _save_note()(study, render_note(summary, attrs.get(A.CONFIRMATION), head))
+        oa.save_study_note(study, render_note(summary, attrs.get(A.CONFIRMATION), head), _dashboard_notes())
         return True
     except Exception as exc:  # the note is a convenience; the study must go on without it
         log.warning("could not update the study note: %s: %s", type(exc).__name__, exc)

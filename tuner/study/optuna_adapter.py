@@ -12,6 +12,9 @@ was written for and exercises each function against a real storage. What is used
   values and its final state in one transaction of a few statements, fenced by its lease
   (`settle_trial`): the public API spends one transaction (two statements) per attribute and a read
   per constraint, and `Study.tell` could not check the lease in the transaction that finishes the trial;
+- optuna-dashboard's note layout (`optuna_dashboard._note`: a version attribute and the body in chunks of
+  study system attributes), to write the study note in one transaction (`save_study_note`): its
+  `save_note` spends two reads of every study attribute and a transaction per chunk;
 - `Study._thread_local.cached_all_trials`, cleared after such a write as `Study.tell` clears it;
 - trial counts read with SQL on Optuna's `trials` and `trial_user_attributes` tables, because the
   cached storage of a long-lived process is not fresh across processes (the budget must be exact).
@@ -23,13 +26,14 @@ import json
 import math
 from collections.abc import Mapping
 from datetime import datetime
+from types import ModuleType
 from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import select, text
+from sqlalchemy import or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tuner.errors import TunerError, first_line
@@ -191,6 +195,41 @@ def _settle_rows(
             trials.update().where(trials.c.trial_id == tid).values(state=state, datetime_complete=datetime.now())
         )
     return True
+
+
+def save_study_note(study: optuna.Study, body: str, notes: ModuleType) -> None:
+    """Write the study's optuna-dashboard note `body` as `notes.save_note` would (`notes`: `optuna_dashboard._note`).
+
+    On PostgreSQL and SQLite in one transaction: the note's attributes are read (locked on PostgreSQL,
+    so two writers number their versions in turn), then the next version, the body's chunks and
+    blanks for chunks left over from a longer note are upserted. Elsewhere: `notes.save_note`.
+    """
+    storage = storage_of(study)
+    rdb = getattr(storage, "_backend", storage)
+    upsert = UPSERTS.get(rdb.engine.name) if isinstance(rdb, RDBStorage) else None
+    if upsert is None:
+        notes.save_note(study, body)
+        return
+    table = models.StudySystemAttributeModel.__table__
+    version_key, prefix = notes.note_ver_key(None), notes.note_str_key_prefix(None)
+    chunks = notes.split_body(body, None)
+    sid = study_id(study)
+    with rdb.engine.begin() as conn:
+        old = dict(
+            conn.execute(
+                select(table.c.key, table.c.value_json)
+                .where(
+                    table.c.study_id == sid,
+                    or_(table.c.key == version_key, table.c.key.startswith(prefix, autoescape=True)),
+                )
+                .with_for_update()
+            ).all()
+        )
+        version = int(json.loads(old[version_key])) + 1 if version_key in old else 1
+        left_over = {key: "" for key in old if key.startswith(prefix) and key not in chunks}
+        values = {version_key: version, **chunks, **left_over}
+        rows = [{"study_id": sid, "key": k, "value_json": json.dumps(v)} for k, v in values.items()]
+        _upsert(conn, upsert, models.StudySystemAttributeModel, rows, ["study_id", "key"])
 
 
 def _upsert(conn: Any, upsert: Any, model: Any, rows: list[dict[str, Any]], keys: list[str]) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import optuna
 
 from tuner import job as J
-from tuner.store.cache import ResultStore, cache_key, new_run_id
+from tuner.store.cache import ResultStore, cache_key, measurement_row, new_run_id
 from tuner.store.db import is_db_fault
 from tuner.store.leases import Fence
 from tuner.store.models import CachedResult
@@ -188,11 +188,25 @@ class Evaluator:
                 log.warning("could not store the trial log: %s", exc)
 
     def _store(self, key: str, number: int, route: dict[str, Any], result: J.Result, fence: Fence) -> None:
-        """Keep what the child found: the cache row under `key` and the measurement row, while `fence` holds."""
+        """Keep what the child found, in one transaction while `fence` holds: the cache row under `key` and the
+        measurement row of its timing."""
         value = result.latency.get(self.spec.objective.statistic) if result.latency else None
+        measurement = None
+        if result.samples_ms:
+            measurement = measurement_row(
+                new_run_id(),
+                self.spec.study,
+                number,
+                key,
+                "trial",
+                {**(result.latency or {}), **measurement_stats(result)},
+                result.samples_ms,
+                result.timing_info,
+            )
         self.results.save(
             key,
             fence,
+            measurement,
             backend=self.ctx.backend.name,
             backend_version=self.ctx.backend.version(),
             environment_id=self.env_id,
@@ -205,18 +219,6 @@ class Evaluator:
             study=self.spec.study,
             trial_number=number,
         )
-        if result.samples_ms:
-            self.results.add_measurement(
-                new_run_id(),
-                self.spec.study,
-                number,
-                key,
-                "trial",
-                {**(result.latency or {}), **measurement_stats(result)},
-                result.samples_ms,
-                result.timing_info,
-                fence,
-            )
 
 
 def _finite_or_none(v: float | None) -> float | None:

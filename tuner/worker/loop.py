@@ -106,6 +106,7 @@ class Worker:
         self.study_id = oa.study_id(self.study)
         self.leases = Leases(ctx.url, self.spec.study)
         self.results = ResultStore(ctx.url)
+        self.baseline_value: float | None = None  # the completed baseline trial's value, once read
         run = self.spec.run
         # Held shared while sampling and recording (CPU work): no CPU timing meanwhile; a wait as long as a trial
         # (a stuck holder) goes ahead without it.
@@ -265,7 +266,6 @@ class Worker:
         attrs = outcome.user_attrs(
             result, self.spec.accuracy.metric, self.spec.accuracy.tolerance, {**extra, A.WORKER: self.name}
         )
-        base = racing.baseline_trial(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         return outcome.record(
             self.study,
             trial,
@@ -273,7 +273,15 @@ class Worker:
             self.spec.accuracy.tolerance,
             self.spec.objective.statistic,
             attrs,
-            base.value if base is not None else None,
+            self._baseline_value(),
             self.spec.objective.max_memory_mb,
             fence,
         )
+
+    def _baseline_value(self) -> float | None:
+        """The completed baseline trial's value; read from the study until there is one, then kept (a finished
+        trial never changes, and a later baseline trial cannot come before the first completed one)."""
+        if self.baseline_value is None:
+            base = racing.baseline_trial(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            self.baseline_value = base.value if base is not None else None
+        return self.baseline_value

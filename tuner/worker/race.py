@@ -38,13 +38,23 @@ log = logging.getLogger("tuner.worker")
 KIND = "race"
 
 
-def stored_engine(results: ResultStore, trial: FrozenTrial) -> dict[str, Any] | None:
-    """`trial`'s stored artifact as a job's `baseline` (what a child pairs with), if it is on this host."""
+def stored_engine(
+    results: ResultStore, trial: FrozenTrial, known: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """`trial`'s stored artifact as a job's `baseline` (what a child pairs with), if it is on this host.
+
+    `known`: artifact paths by content hash read before (a kept artifact's record never changes), kept up to date.
+    """
     sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
-    record = results.artifact(sha) if sha else None
-    if record is None or not Path(record.path).is_file():
+    path = (known or {}).get(sha) if sha else None
+    if path is None and sha:
+        record = results.artifact(sha)
+        path = record.path if record is not None else None
+    if path is None or not Path(path).is_file():
         return None
-    return {"trial": trial.number, "path": record.path, "sha256": sha, "route": dict(trial.params)}
+    if known is not None:
+        known[sha] = path
+    return {"trial": trial.number, "path": path, "sha256": sha, "route": dict(trial.params)}
 
 
 class Racer:
@@ -52,10 +62,11 @@ class Racer:
 
     def __init__(self, ctx: Context, study: optuna.Study, results: ResultStore, name: str, handle: ChildHandle) -> None:
         self.ctx, self.study, self.results, self.name, self.handle = ctx, study, results, name, handle
+        self.artifact_paths: dict[str, str] = {}  # kept artifacts' paths by content hash, as read
 
     def baseline_engine(self, base: FrozenTrial) -> dict[str, Any] | None:
-        """The baseline trial's stored artifact as a job's `baseline`, if it is on this host."""
-        return stored_engine(self.results, base)
+        """The baseline trial's stored artifact as a job's `baseline`, if it is on this host (its record read once)."""
+        return stored_engine(self.results, base, self.artifact_paths)
 
     def race(self) -> list[int]:
         """Re-measure what `racing.to_race` picks now; the trial numbers re-measured."""
