@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -26,6 +26,7 @@ from tuner.space.params import Route, SearchSpace, Value
 GROUP_VALUES_MAX = 4096  # joint values of one group enumerated; larger groups are sampled
 ENUMERATE_UP_TO = 4096  # spaces with up to this many routes have their whole route list
 NEIGHBOURS_MAX = 8192  # routes collected around a route of a larger space (see Groups.within)
+JOINT_VALUES_KEPT = 4096  # (group, rest of a route) whose joint values `Groups.values` keeps
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Groups:
 
     space: SearchSpace
     groups: tuple[tuple[str, ...], ...]
+    # (group, the rest of a route) -> the group's joint values: `values`, asked again for every route of a ring
+    kept: dict[tuple[tuple[str, ...], tuple[tuple[str, Value], ...]], list[Route]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def of(self, route: Mapping[str, Value]) -> tuple[tuple[Value | None, ...], ...]:
         """The route as one joint value per group (None for a knob the route lacks)."""
@@ -44,8 +49,16 @@ class Groups:
         return sum(x != y for x, y in zip(self.of(a), self.of(b)))
 
     def values(self, route: Mapping[str, Value], group: Sequence[str]) -> list[Route]:
-        """Every joint value of `group` (the group's active knobs) with the rest of `route` as it is."""
-        return list(itertools.islice(_joint(self.space, route, set(group)), GROUP_VALUES_MAX))
+        """Every joint value of `group` (the group's active knobs) with the rest of `route` as it is.
+
+        They depend on the rest of `route` only, so they are kept by it (the routes of a ring share most).
+        """
+        key = (tuple(group), _key({k: v for k, v in route.items() if k not in group}))
+        if key not in self.kept:
+            if len(self.kept) >= JOINT_VALUES_KEPT:
+                self.kept.clear()
+            self.kept[key] = list(itertools.islice(_joint(self.space, route, set(group)), GROUP_VALUES_MAX))
+        return list(self.kept[key])
 
     def moves(self, route: Mapping[str, Value], keep: frozenset[int] = frozenset()) -> Iterator[tuple[int, Route]]:
         """The routes one group move away from `route` (one group's joint value changed, the rest kept), each with
@@ -56,7 +69,7 @@ class Groups:
                 continue
             for joint in self.values(route, group):
                 moved = self.space.complete({**{k: v for k, v in route.items() if k not in group}, **joint})
-                if self.of(moved)[i] != here[i]:
+                if tuple(moved.get(name) for name in group) != here[i]:
                     yield i, moved
 
     @cached_property
