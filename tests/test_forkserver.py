@@ -54,6 +54,33 @@ def test_cpu_trials_are_forked_from_one_server_and_gpu_routes_are_not(write_spec
     assert server.alive() and server.proc.args[:4] == [sys.executable, "-m", "tuner.worker.child", "--serve"]
 
 
+def test_a_library_s_variable_in_the_worker_keeps_its_server_and_another_change_replaces_it(
+    write_spec: SpecWriter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scikit-learn (the local search's first fit) sets KMP_INIT_AT_FORK in the worker mid-study: no new server."""
+    import sklearn  # noqa: F401
+
+    assert "KMP_INIT_AT_FORK" in os.environ and "KMP_INIT_AT_FORK" in forkserver.STARTER_LIBRARY_ENV
+    markers = tmp_path / "markers"
+    ctx = _context(
+        write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {}}}
+    )
+    route = ctx.space.default_route()
+
+    def run(name: str) -> forkserver.ForkServer:
+        job = make_job(ctx, route, tmp_path / name / "out")
+        assert run_isolated(job, tmp_path / name).status == J.OK
+        return forkserver._SERVERS[tuple(job.preload or ())]
+
+    monkeypatch.delenv("KMP_INIT_AT_FORK")
+    first = run("a")
+    monkeypatch.setenv("KMP_INIT_AT_FORK", "FALSE")
+    assert run("b") is first and first.alive()
+    monkeypatch.setenv("TUNER_TEST_SETTING", "1")  # any other change: the server is started again with it
+    replaced = run("c")
+    assert replaced is not first and not first.alive() and replaced.env["TUNER_TEST_SETTING"] == "1"
+
+
 def test_a_forked_child_looks_like_a_fresh_one_and_dies_with_its_server(write_spec: SpecWriter, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     ctx = _context(

@@ -10,16 +10,19 @@ Two forests (scikit-learn), fitted on every finished trial:
 Observations carried over from other studies (`tuner.study.warm_start`) join both with a lower weight.
 A candidate's score is its expected improvement in log latency over the incumbent (the forest's trees
 give the spread) times its probability of being feasible.
+The forests are fitted and asked on one thread (`threadpoolctl`), without touching the process's
+environment: the worker's trial children inherit that, and a change to it mid-study would also
+replace the worker's pre-imported child server.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from tuner.space import SearchSpace
 from tuner.space.params import Value
@@ -65,7 +68,12 @@ class Surrogate:
     """The two forests, fitted on `observations`; `score` ranks candidate routes."""
 
     def __init__(self, encoder: Encoder, observations: Sequence[Observation], seed: int) -> None:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import sklearn.ensemble  # noqa: F401  (loaded before the limit, so that the limit covers what it loads)
+
+        with threadpool_limits(limits=1):
+            self._fit(encoder, observations, seed)
+
+    def _fit(self, encoder: Encoder, observations: Sequence[Observation], seed: int) -> None:
         from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 
         self.encoder = encoder
@@ -93,6 +101,10 @@ class Surrogate:
 
     def predict(self, routes: Sequence[Mapping[str, Value]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean log ratio, its spread over the trees, probability of being feasible) per route."""
+        with threadpool_limits(limits=1):
+            return self._predict(routes)
+
+    def _predict(self, routes: Sequence[Mapping[str, Value]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         x = self.encoder(routes)
         if self.latency is None:
             mean, spread = np.zeros(len(routes)), np.ones(len(routes))

@@ -52,6 +52,9 @@ from tuner.worker.lifeline import PARENT_ENV, STARTER_ENV, die_with_parent
 
 log = logging.getLogger("tuner.worker")
 ENABLE_ENV = "TUNER_FORK_SERVER"  # "0": every trial child is a fresh interpreter
+# Set in the starter by a library it imports, and for a library the server does not load: a change in them alone
+# keeps the server (scikit-learn, imported by the local search's first fit, sets KMP_INIT_AT_FORK for Intel OpenMP)
+STARTER_LIBRARY_ENV = frozenset({"KMP_INIT_AT_FORK"})
 CHILD_MODULE = "tuner.worker.child"
 READY = b"ready"
 MESSAGE_MAX = 1 << 20
@@ -171,13 +174,20 @@ def server_for(preload: Sequence[str], env: Mapping[str, str]) -> ForkServer:
     key = tuple(preload)
     with _SERVERS_LOCK:
         server = _SERVERS.get(key)
-        if server is not None and server.alive() and server.env == dict(env):
+        if server is not None and server.alive() and _same(server.env, env):
             return server
         if server is not None:
             server.close()  # one server per module set: a changed environment replaces it
             del _SERVERS[key]
         _SERVERS[key] = server = ForkServer(preload, env)
         return server
+
+
+def _same(started_with: Mapping[str, str], env: Mapping[str, str]) -> bool:
+    """Whether a server started with `started_with` serves a starter whose environment is now `env`."""
+    return {k: v for k, v in started_with.items() if k not in STARTER_LIBRARY_ENV} == {
+        k: v for k, v in env.items() if k not in STARTER_LIBRARY_ENV
+    }
 
 
 def start_child(
