@@ -18,13 +18,18 @@
 Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys; failed
 tests by name; a top-level `latest` with the wall and CPU seconds and the commit of the last run of the
 documented command, `make test`'s worker count) and each run's output to $TMPDIR/suite-time.log-N.
+4. **whole suites** (`--whole-against COMMIT`): that commit's whole suite with its own test command (`--workers`)
+   in a temporary worktree, and today's whole `make test`, alternating `--rounds` times; today's runs
+   are the suite runs of item 2 (the last one is `latest`).
+
 Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup]
-       [--against e6d79eb --rounds 2 [--deselect TEST ...]]
+       [--against e6d79eb --rounds 2 [--deselect TEST ...]] [--whole-against db1136d --rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -36,6 +41,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,29 +212,20 @@ def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> di
     would count its timeout as the suite's time).
     """
     now = commit()
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "then"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), old], cwd=REPO, check=True)
-        # The venv's editable install maps `tuner.migrations` to today's `migrations/`; the old tree gets its own,
-        # linked where its wheel installs it, so its `tuner` finds its own migrations first.
-        if (tree / "migrations").is_dir() and not (tree / "tuner" / "migrations").exists():
-            (tree / "tuner" / "migrations").symlink_to("../migrations")
-        try:
-            then_ids = [n for n in collected(tree) if function_name(n) not in deselect]
-            then_names = {function_name(n) for n in then_ids}
-            common = [n for n in collected(REPO) if function_name(n) in then_names]
-            runs: list[dict[str, Any]] = []
-            for i in range(rounds):
-                order = [("then", 0, then_ids, tree), ("now", workers, common, REPO)]
-                for label, n, tests, cwd in order if i % 2 == 0 else order[::-1]:
-                    row = {"label": label, "round": i, **suite(n, tests, cwd, f"{label}-{i}")}
-                    runs.append(row)
-                    print(
-                        f"{label} (round {i}): {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}",
-                        flush=True,
-                    )
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=True)
+    with _worktree(old) as tree:
+        then_ids = [n for n in collected(tree) if function_name(n) not in deselect]
+        then_names = {function_name(n) for n in then_ids}
+        common = [n for n in collected(REPO) if function_name(n) in then_names]
+        runs: list[dict[str, Any]] = []
+        for i in range(rounds):
+            order = [("then", 0, then_ids, tree), ("now", workers, common, REPO)]
+            for label, n, tests, cwd in order if i % 2 == 0 else order[::-1]:
+                row = {"label": label, "round": i, **suite(n, tests, cwd, f"{label}-{i}")}
+                runs.append(row)
+                print(
+                    f"{label} (round {i}): {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}",
+                    flush=True,
+                )
     return {
         "then_commit": old,
         "now_commit": now,
@@ -240,6 +237,43 @@ def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> di
     }
 
 
+def whole_against(old: str, rounds: int, workers: int) -> dict[str, Any]:
+    """Commit `old`'s whole suite (its own test command, `workers` pytest-xdist workers) against today's whole suite,
+    alternating, in one sitting: the two suites as each was run, not only the tests they share."""
+    now = commit()
+    runs: list[dict[str, Any]] = []
+    with _worktree(old) as tree:
+        for i in range(rounds):
+            order = [("then", tree), ("now", REPO)]
+            for label, cwd in order if i % 2 == 0 else order[::-1]:
+                row = {"label": label, "round": i, **suite(workers, None, cwd, f"whole-{label}-{i}")}
+                runs.append(row)
+                print(
+                    f"{label} (round {i}): {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}", flush=True
+                )
+    return {"then_commit": old, "now_commit": now, "workers": workers, "runs": runs}
+
+
+@contextlib.contextmanager
+def _worktree(old: str) -> Iterator[Path]:
+    """A temporary worktree of commit `old`, its `migrations/` linked where its wheel installs them (the venv's
+    editable install maps `tuner.migrations` to today's), removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "then"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), old], cwd=REPO, check=True)
+        if (tree / "migrations").is_dir() and not (tree / "tuner" / "migrations").exists():
+            (tree / "tuner" / "migrations").symlink_to("../migrations")
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=True)
+
+
+def latest(key: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The top-level `latest`: the last run of the documented command (`make test`'s worker count)."""
+    return {k: row[k] for k in ("wall_s", "cpu_s", "exit", "when", "command")} | {"commit": key}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[3, 0])
@@ -247,6 +281,11 @@ def main() -> None:
     parser.add_argument("--skip-startup", action="store_true")
     parser.add_argument(
         "--against", metavar="COMMIT", help="also time COMMIT's suite against today's on the same tests"
+    )
+    parser.add_argument(
+        "--whole-against",
+        metavar="COMMIT",
+        help="time COMMIT's whole suite against today's whole suite (both with the first --workers), alternating",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
@@ -261,6 +300,14 @@ def main() -> None:
             args.against, args.rounds, args.workers[0], args.deselect
         )
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
+    if args.whole_against:
+        doc.setdefault("whole_against", {})[args.whole_against] = whole = whole_against(
+            args.whole_against, args.rounds, args.workers[0]
+        )
+        last_now = next(r for r in reversed(whole["runs"]) if r["label"] == "now")
+        if args.workers[0] == MAKE_TEST_WORKERS:
+            doc["latest"] = latest(key, last_now)
+        OUT.write_text(json.dumps(doc, indent=1) + "\n")
     if not args.skip_startup:
         doc["startup"] = {
             "commit": key,
@@ -269,18 +316,11 @@ def main() -> None:
             "figures": startup(args.repeats),
         }
         print(json.dumps(doc["startup"]["figures"], indent=1), flush=True)
-    for n in args.workers:
+    for n in [] if args.whole_against else args.workers:  # with --whole-against its "now" runs are these
         row = suite(n)
         doc["runs"][f"{key}-workers-{n}"] = row
         if n == MAKE_TEST_WORKERS:
-            doc["latest"] = {
-                "commit": key,
-                "wall_s": row["wall_s"],
-                "cpu_s": row["cpu_s"],
-                "exit": row["exit"],
-                "when": row["when"],
-                "command": row["command"],
-            }
+            doc["latest"] = latest(key, row)
         print(f"{n} workers: {row['wall_s']} s wall, {row['cpu_s']} s CPU, {row['summary']}", flush=True)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
