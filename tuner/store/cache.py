@@ -126,30 +126,10 @@ class ResultStore:
                 _upsert_ignore(s, Measurement, measurement)
 
     @retried
-    def add_measurement(
-        self,
-        run_id: str,
-        study: str,
-        trial_number: int,
-        result_key: str,
-        kind: str,
-        stats: dict[str, Any],
-        samples_ms: list[float],
-        timing_info: dict[str, Any],
-        fence: Fence | None = None,
-    ) -> None:
-        """Keep a timing run's raw samples, once: `run_id` (`new_run_id()`, chosen before any retry) is unique.
-
-        A trial's own timing run is kept only while its lease `fence` holds (`LeaseLost` otherwise).
-        """
+    def add_measurement(self, row: dict[str, Any]) -> None:
+        """Keep a timing run's raw samples (`measurement_row`), once: its `run_id`, chosen before retries, is unique."""
         with Session(self.engine) as s, s.begin():
-            if fence is not None:
-                fence.hold(s.connection())
-            _upsert_ignore(
-                s,
-                Measurement,
-                measurement_row(run_id, study, trial_number, result_key, kind, stats, samples_ms, timing_info),
-            )
+            _upsert_ignore(s, Measurement, row)
 
     @retried
     def measurements(self, study: str, kind: str | None = None) -> list[Measurement]:

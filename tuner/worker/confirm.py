@@ -63,7 +63,7 @@ from tuner.measure.pooling import Pooled, ShapePools, median_finite
 from tuner.measure.shapes import per_shape
 from tuner.measure.speedup import Speedup
 from tuner.space import canonical_route
-from tuner.store.cache import ResultStore, new_run_id
+from tuner.store.cache import ResultStore, measurement_row, new_run_id
 from tuner.store.db import confirmation_lock, db_now
 from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
@@ -581,24 +581,28 @@ class Session:
         if res.status == J.OK and res.latency and res.paired.get("paired"):
             key, study, stats = f"confirm-{self.run_id}", self.ctx.spec.study, {"round": r, "paired": _pairing(res)}
             self.store.add_measurement(
-                new_run_id(),
-                study,
-                candidate.number,
-                key,
-                "confirm",
-                {**res.latency, **stats},
-                res.samples_ms,
-                res.timing_info,
+                measurement_row(
+                    new_run_id(),
+                    study,
+                    candidate.number,
+                    key,
+                    "confirm",
+                    {**res.latency, **stats},
+                    res.samples_ms,
+                    res.timing_info,
+                )
             )
             self.store.add_measurement(
-                new_run_id(),
-                study,
-                self.default.number,
-                key,
-                "confirm",
-                {**res.paired.get("baseline_latency", {}), **stats, "paired_with": candidate.number},
-                res.baseline_samples_ms,
-                res.timing_info,
+                measurement_row(
+                    new_run_id(),
+                    study,
+                    self.default.number,
+                    key,
+                    "confirm",
+                    {**res.paired.get("baseline_latency", {}), **stats, "paired_with": candidate.number},
+                    res.baseline_samples_ms,
+                    res.timing_info,
+                )
             )
         return res
 

@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner import job as J
-from tuner.store.cache import ResultStore, new_run_id
+from tuner.store.cache import ResultStore, measurement_row, new_run_id
 from tuner.store.db import db_now, db_retry, study_lock
 from tuner.study import attrs as A
 from tuner.study import racing
@@ -142,14 +142,16 @@ class Racer:
             with attempt:
                 if ok and result is not None:
                     self.results.add_measurement(
-                        run_id,
-                        self.ctx.spec.study,
-                        number,
-                        f"race-{self.name}",
-                        KIND,
-                        {**(result.latency or {}), **measurement_stats(result)},
-                        result.samples_ms,
-                        result.timing_info,
+                        measurement_row(
+                            run_id,
+                            self.ctx.spec.study,
+                            number,
+                            f"race-{self.name}",
+                            KIND,
+                            {**(result.latency or {}), **measurement_stats(result)},
+                            result.samples_ms,
+                            result.timing_info,
+                        )
                     )
                 kept = [
                     p
