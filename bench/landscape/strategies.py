@@ -33,7 +33,8 @@ from tuner import job as J
 from tuner.space import Route, SearchSpace, route_hash
 from tuner.spec import RunSpec
 from tuner.study import attrs as A
-from tuner.study.sampler import sampler_for
+from tuner.study.local_search import LocalSearchSampler
+from tuner.study.sampler import NoRepeatSampler, sampler_for
 
 TRIAL_CAP = 3  # a run stops after TRIAL_CAP x budget trials, whatever its builds
 CHECKPOINTS = (10, 20, 30, 50, 100)  # builds at which the end-of-study confirmation is made
@@ -103,6 +104,11 @@ def default_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSample
 
 def local(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
     return sampler_for(RunSpec(budget=1, sampler="local"), seed, space)
+
+
+def local_forest(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
+    """Sampler 'local' as it was before the additive and linear models: the random forests alone."""
+    return NoRepeatSampler(LocalSearchSampler(space, seed, portfolio=False), seed)
 
 
 def tpe(startup: int) -> SamplerFactory:
@@ -266,14 +272,20 @@ STRATEGIES: dict[str, Strategy] = {
     for s in (
         Strategy(
             "local",
-            "local search over knob groups around the confirmed incumbent, random-forest surrogate (sampler 'local')",
+            "local search over knob groups around the confirmed incumbent, random forests and additive models "
+            "(sampler 'local')",
             local,
             candidate=True,
         ),
         Strategy(
+            "local-forest",
+            "sampler 'local' with the random forests alone (the previous default)",
+            local_forest,
+            candidate=True,
+        ),
+        Strategy(
             "tpe",
-            "TPE multivariate + group + constant liar, 4 start-up trials, no-repeat step (sampler 'tpe': the previous "
-            "default)",
+            "TPE multivariate + group + constant liar, 4 start-up trials, no-repeat step (sampler 'tpe')",
             tpe(4),
             candidate=True,
         ),
@@ -320,4 +332,15 @@ STRATEGIES: dict[str, Strategy] = {
         ),
     )
 }
-DEFAULT_SET = ("local", "tpe", "tpe-startup-8", "random", "gp-fair", "smac", "olive", "gpt-fast", "gpt-mixed")
+DEFAULT_SET = (
+    "local",
+    "local-forest",
+    "tpe",
+    "tpe-startup-8",
+    "random",
+    "gp-fair",
+    "smac",
+    "olive",
+    "gpt-fast",
+    "gpt-mixed",
+)

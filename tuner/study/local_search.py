@@ -12,9 +12,15 @@ somewhere in its top 20. So each proposal:
 2. collects the routes not yet tried (finished, running or waiting) within `radius + REACH` group
    moves of them, the radius starting at 1 and widening while the nearest ring is used up (so the
    surrogate may pick a combination of two moves it learnt are good before every single move was tried);
-3. ranks them by the surrogate (`tuner.study.surrogate`: random forests fitted on every outcome —
-   timed, slow, infeasible, failed — plus any observations carried over from other studies): expected
-   improvement on the study's best times the probability of being feasible;
+3. ranks them by the surrogate (`tuner.study.surrogate`: models fitted on every outcome — timed,
+   slow, infeasible, failed — plus any observations carried over from other studies): expected
+   improvement on the study's best times the probability of being feasible. Proposals alternate
+   between two latency models: a random forest (knobs that interact) on even trial numbers, a
+   ridge model of per-knob effects with the forest on what it leaves over on odd ones (it predicts
+   that moves which each helped help together, which a forest never predicts). Neither alone
+   does well everywhere on the recorded landscapes: the additive one finds Silero VAD's best int8
+   variant (two sub-knobs that each help) in every seed and gets stuck in MiniLM's fusion basin, the
+   forest the other way round;
 4. *restarts* when no candidate is worth a build (its score below `WORTH`, the measurement's own
    precision): the local search's basin is spent, and the best route may lie beyond a valley (two
    moves, each worse on its own). The nearest untried ring (`RESTART_REACH`) of the next feasible route
@@ -59,8 +65,10 @@ WORTH = MIN_SPREAD  # a candidate is worth a build when it is expected to improv
 class LocalSearchSampler(optuna.samplers.BaseSampler):
     """Local search over knob groups of `space` with a random-forest surrogate (see the module docstring)."""
 
-    def __init__(self, space: SearchSpace, seed: int | None = None) -> None:
+    def __init__(self, space: SearchSpace, seed: int | None = None, portfolio: bool = True) -> None:
+        """`portfolio` False: the forests alone (the sampler as it was before the additive and linear models)."""
         self.space = space
+        self.portfolio = portfolio
         self.groups = knob_groups(space)
         self.encoder = Encoder(space)
         self.rng = np.random.default_rng(seed)
@@ -82,7 +90,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
             if t.number != trial.number and (t.state.is_finished() or t.state in PENDING)
         }
         observations = self.observations(trials, study)
-        model = self.surrogate(observations)
+        model = self.surrogate(observations, additive=self.portfolio and trial.number % 2 == 1)
         neighbourhoods = (
             (candidates, self.score(model, candidates, reference))
             for i, (centres, reference) in enumerate(self.starts(trials, study, observations))
@@ -164,11 +172,12 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
             self._rings[key] = [(canonical_route(r), r) for r in self.groups.within(centre, radius, self.rng)]
         return self._rings[key]
 
-    def surrogate(self, observations: Sequence[Observation]) -> Surrogate | None:
-        """The surrogate fitted on `observations`; None while none of them was timed (nothing to learn from)."""
+    def surrogate(self, observations: Sequence[Observation], additive: bool = False) -> Surrogate | None:
+        """The surrogate fitted on `observations` (with the additive latency model or without); None while none of
+        them was timed (nothing to learn from)."""
         if not any(o.log_ratio is not None for o in observations):
             return None
-        return Surrogate(self.encoder, observations, int(self.rng.integers(2**31)))
+        return Surrogate(self.encoder, observations, int(self.rng.integers(2**31)), additive, linear=self.portfolio)
 
     def score(self, model: Surrogate | None, candidates: list[Route], reference: float) -> np.ndarray:
         """Each candidate's expected improvement on `reference` times its probability of being feasible (random

@@ -1,16 +1,24 @@
-"""The local search's surrogate: random forests over one-hot routes, learning from every outcome of a study.
+"""The local search's surrogate: models over one-hot routes, learning from every outcome of a study.
 
-Two forests (scikit-learn), fitted on every finished trial:
-- a *latency* forest on the log of the trial's latency relative to the baseline's: timed trials
+Fitted on every finished trial:
+- a *latency* model of the log of the trial's latency relative to the baseline's: timed trials
   (accuracy-infeasible ones too: their speed says something about their knobs), racing's refined
   value where a trial was re-measured, and trials stopped as `slow` at their last running paired
-  estimate (in the value's units, as `tuner.study.outcome` reports it);
-- a *feasibility* forest on whether the route was feasible: accuracy-infeasible, gate-pruned, failed
-  and crashed routes are the negatives; slow-pruned routes passed the gate and count as feasible.
-Observations carried over from other studies (`tuner.study.warm_start`) join both with a lower weight.
-A candidate's score is its expected improvement in log latency over the incumbent (the forest's trees
-give the spread) times its probability of being feasible.
-The forests are fitted and asked on one thread (`threadpoolctl`), without touching the process's
+  estimate (in the value's units, as `tuner.study.outcome` reports it). A random forest captures how
+  knobs interact, but it predicts averages of what it saw, never a route faster than the fastest one
+  timed. With `additive`, a ridge model of per-knob effects (scikit-learn's `Ridge`) carries the
+  prediction and the forest learns what it leaves over: combinations of moves that each helped are
+  then predicted faster than either (GPT `mixed`'s rule, as a model), interactions still corrected by
+  the forest;
+- a *feasibility* model of whether the route was feasible: accuracy-infeasible, gate-pruned, failed
+  and crashed routes are the negatives; slow-pruned routes passed the gate and count as feasible. A
+  random forest (interactions: fp16 with a fusion that fails to build), times, with `linear`, a
+  logistic model of per-knob effects: a precision variant that failed the gate at one graph level is
+  then expected to fail at the others, which a forest of a few dozen routes learns only slowly.
+Observations carried over from other studies (`tuner.study.warm_start`) join all of them with a lower
+weight. A candidate's score is its expected improvement in log latency over the incumbent (the
+forest's trees give the spread) times its probability of being feasible.
+The models are fitted and asked on one thread (`threadpoolctl`), without touching the process's
 environment: the worker's trial children inherit that, and a change to it mid-study would also
 replace the worker's pre-imported child server.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -28,6 +37,8 @@ from tuner.space import SearchSpace
 from tuner.space.params import Value
 
 TREES = 32
+RIDGE_ALPHA = 1.0  # the additive latency model's L2 penalty (scikit-learn's default)
+LOGISTIC_C = 1.0  # the linear feasibility model's inverse L2 penalty (scikit-learn's default)
 MIN_SPREAD = 0.02  # floor of a prediction's spread in log latency (about 2 %: the measurement's own precision)
 
 
@@ -65,38 +76,57 @@ class Encoder:
 
 
 class Surrogate:
-    """The two forests, fitted on `observations`; `score` ranks candidate routes."""
+    """The models, fitted on `observations` (`additive`, `linear`: see the module docstring); `score` ranks
+    candidate routes."""
 
-    def __init__(self, encoder: Encoder, observations: Sequence[Observation], seed: int) -> None:
+    def __init__(
+        self,
+        encoder: Encoder,
+        observations: Sequence[Observation],
+        seed: int,
+        additive: bool = False,
+        linear: bool = False,
+    ) -> None:
         import sklearn.ensemble  # noqa: F401  (loaded before the limit, so that the limit covers what it loads)
+        import sklearn.linear_model  # noqa: F401
 
         with threadpool_limits(limits=1):
-            self._fit(encoder, observations, seed)
+            self._fit(encoder, observations, seed, additive, linear)
 
-    def _fit(self, encoder: Encoder, observations: Sequence[Observation], seed: int) -> None:
+    def _fit(
+        self, encoder: Encoder, observations: Sequence[Observation], seed: int, additive: bool, linear: bool
+    ) -> None:
         from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+        from sklearn.linear_model import LogisticRegression, Ridge
 
         self.encoder = encoder
         timed = [o for o in observations if o.log_ratio is not None]
         self.latency = None
+        self.additive = None
         if len(timed) >= 2:
+            x, y, w = encoder([o.route for o in timed]), np.array([o.log_ratio for o in timed]), _weights(timed)
+            if additive:
+                self.additive = Ridge(alpha=RIDGE_ALPHA).fit(x, y, sample_weight=w)
+                y = y - self.additive.predict(x)
             self.latency = RandomForestRegressor(
                 n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
             )
-            self.latency.fit(
-                encoder([o.route for o in timed]), [o.log_ratio for o in timed], sample_weight=[o.weight for o in timed]
-            )
+            self.latency.fit(x, y, sample_weight=w)
         labels = {o.feasible for o in observations}
         self.feasibility = None
+        self.linear_feasibility = None
         if len(labels) == 2:
+            x, y, w = (
+                encoder([o.route for o in observations]),
+                [o.feasible for o in observations],
+                _weights(observations),
+            )
             self.feasibility = RandomForestClassifier(
                 n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
             )
-            self.feasibility.fit(
-                encoder([o.route for o in observations]),
-                [o.feasible for o in observations],
-                sample_weight=[o.weight for o in observations],
-            )
+            self.feasibility.fit(x, y, sample_weight=w)
+            if linear:
+                self.linear_feasibility = LogisticRegression(C=LOGISTIC_C, max_iter=1000).fit(x, y, sample_weight=w)
         self.all_feasible = labels == {True}
 
     def predict(self, routes: Sequence[Mapping[str, Value]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,9 +140,13 @@ class Surrogate:
             mean, spread = np.zeros(len(routes)), np.ones(len(routes))
         else:
             per_tree = np.stack([t.predict(x, check_input=False) for t in self.latency.estimators_])
+            if self.additive is not None:
+                per_tree += self.additive.predict(x)
             mean, spread = per_tree.mean(axis=0), np.maximum(per_tree.std(axis=0), MIN_SPREAD)
         if self.feasibility is not None:
-            feasible = self.feasibility.predict_proba(x)[:, list(self.feasibility.classes_).index(True)]
+            feasible = _probability_feasible(self.feasibility, x)
+            if self.linear_feasibility is not None:
+                feasible = feasible * _probability_feasible(self.linear_feasibility, x)
         else:
             feasible = np.full(len(routes), 1.0 if self.all_feasible else 0.5)
         return mean, spread, feasible
@@ -124,3 +158,12 @@ class Surrogate:
         cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
         pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
         return spread * (z * cdf + pdf) * feasible
+
+
+def _weights(observations: Sequence[Observation]) -> np.ndarray:
+    return np.array([o.weight for o in observations])
+
+
+def _probability_feasible(model: Any, x: np.ndarray) -> np.ndarray:
+    """A fitted classifier's probability of the label True."""
+    return model.predict_proba(x)[:, list(model.classes_).index(True)]
