@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -230,3 +232,79 @@ def test_a_large_space_s_neighbourhoods_are_collected_once_per_centre_and_capped
     assert calls == centres  # one collection per centre, reused by the second proposal
     assert len(first) == len(again) == NEIGHBOURS_MAX  # the centres' rings hold more: drawn at random
     assert canonical_route(first[0]) not in {canonical_route(r) for r in again}
+
+
+def _observed(routes: list[dict], feasible=lambda r: True) -> list:
+    from tuner.study.surrogate import Observation
+
+    return [Observation(r, math.log(latency(r) / 40.0), feasible(r)) for r in routes]
+
+
+BASE = {"precision": "fp32", "fusion": False, "threads": 0}
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_the_additive_model_predicts_two_helpful_moves_together_faster_than_either(additive: bool) -> None:
+    """1 thread helps and fp16 helps, each seen alone; only the additive model expects both together to beat both
+    (a forest predicts averages of what it saw, never below the fastest)."""
+    from tuner.study.surrogate import Encoder, Surrogate
+
+    seen = [BASE, {**BASE, "threads": 1}, {**BASE, "precision": "fp16", "keep": "some"}, {**BASE, "threads": 2}]
+    model = Surrogate(Encoder(SPACE), _observed(seen), seed=0, additive=additive)
+    both = {**BASE, "precision": "fp16", "keep": "some", "threads": 1}
+    mean, _, _ = model.predict([both])
+    fastest_seen = min(math.log(latency(r) / 40.0) for r in seen)
+    assert bool(mean[0] < fastest_seen) is additive
+
+
+@pytest.mark.parametrize("linear", [False, True])
+def test_the_linear_feasibility_model_carries_a_variant_s_failure_to_its_other_routes(linear: bool) -> None:
+    """int8 failed the gate at two thread counts and never passed; with the linear model its route at the third
+    thread count is expected infeasible, and routes of passing variants stay likely feasible."""
+    from tuner.study.surrogate import Encoder, Surrogate
+
+    def feasible(r: dict) -> bool:
+        return r["precision"] != "int8"
+
+    seen = [
+        BASE,
+        {**BASE, "threads": 1},
+        {**BASE, "threads": 2},
+        {**BASE, "fusion": True, "attention": False},
+        {**BASE, "precision": "fp16", "keep": "none"},
+        {**BASE, "precision": "fp16", "keep": "none", "threads": 2},
+        {**BASE, "precision": "int8"},
+        {**BASE, "precision": "int8", "threads": 2},
+    ]
+    model = Surrogate(Encoder(SPACE), _observed(seen, feasible), seed=0, linear=linear)
+    _, _, p = model.predict(
+        [{**BASE, "precision": "int8", "threads": 1}, {**BASE, "precision": "fp16", "keep": "none", "threads": 1}]
+    )
+    with_forest_alone = Surrogate(Encoder(SPACE), _observed(seen, feasible), seed=0).predict(
+        [{**BASE, "precision": "int8", "threads": 1}]
+    )[2][0]
+    assert p[1] > 0.5
+    if linear:
+        assert p[0] < with_forest_alone and p[0] < 0.5 * p[1]
+    else:
+        assert p[0] == with_forest_alone
+
+
+def test_proposals_alternate_between_the_forest_and_the_additive_model() -> None:
+    from tuner.study.local_search import LocalSearchSampler
+
+    sampler = LocalSearchSampler(SPACE, seed=0)
+    models = []
+    sampler.surrogate = lambda observations, additive=False: models.append(additive)  # type: ignore[method-assign]
+    study = optuna.create_study(sampler=sampler)
+    for _ in range(4):
+        t = study.ask()
+        route = SPACE.suggest(t)
+        _tell(study, t, route)
+    assert models == [False, True, False, True]
+    forest_only = LocalSearchSampler(SPACE, seed=0, portfolio=False)
+    forest_only.surrogate = lambda observations, additive=False: models.append(additive)  # type: ignore[method-assign]
+    study = optuna.create_study(sampler=forest_only)
+    t = study.ask()
+    _tell(study, t, SPACE.suggest(t))
+    assert models[-1] is False
