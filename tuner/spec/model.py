@@ -109,7 +109,7 @@ class RunSpec:
     startup_trials: int = DEFAULT_STARTUP_TRIALS  # chosen in docs/search-efficiency.md
     racing: bool = True  # re-measure close leaders during the study (tuner.worker.race)
     # "auto": start a new study from other models' studies in the storage (tuner.study.warm_start); off by default:
-    # in the search benchmark it took more builds than a cold start on six of eight targets (docs/search-efficiency.md)
+    # in the search benchmark it took more builds than a cold start on all eight targets (docs/search-efficiency.md)
     warm_start: str = "off"
     keep_best: int = 3  # feasible trials whose artifacts `tuner gc` keeps (with the baseline and confirmed ones)
     max_disk_mb: float | None = None  # `tuner run` collects garbage when the work dir grows past this

@@ -63,7 +63,7 @@ WORTH = MIN_SPREAD  # a candidate is worth a build when it is expected to improv
 
 
 class LocalSearchSampler(optuna.samplers.BaseSampler):
-    """Local search over knob groups of `space` with a random-forest surrogate (see the module docstring)."""
+    """Local search over knob groups of `space`, ranked by the surrogate (see the module docstring)."""
 
     def __init__(self, space: SearchSpace, seed: int | None = None, portfolio: bool = True) -> None:
         """`portfolio` False: the forests alone (the sampler as it was before the additive and linear models)."""
