@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import optuna
 import pytest
 
@@ -47,3 +51,28 @@ def _routes_of_one_study(seed: int, in_flight: int) -> list[tuple]:
             done, r = running.pop(0)
             study.tell(done, float(CHOICES["precision"].index(r[1]) + 2 * r[0].count("r") + r[2]))
     return seen
+
+
+GP_THREADS = """
+import os
+
+import torch
+from tuner.spec import RunSpec
+from tuner.study.sampler import sampler_for
+sampler_for(RunSpec(budget=1, sampler="gp"), 0)
+print(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())
+"""
+
+
+@pytest.mark.parametrize("given", [None, "2"])
+def test_the_gp_sampler_limits_its_own_threads_not_the_environment_trial_children_inherit(given: str | None) -> None:
+    """One thread for the GP's fits in the worker, set in torch; OMP_NUM_THREADS, which every trial child would
+    inherit (and which would replace the child server), is left as the user set it or did not."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if given is not None:
+        env["OMP_NUM_THREADS"] = given
+    out = subprocess.run([sys.executable, "-c", GP_THREADS], env=env, capture_output=True, text=True, check=True)
+    variable, threads = out.stdout.split()
+    assert variable == str(given)
+    assert int(threads) == (1 if given is None else int(given))

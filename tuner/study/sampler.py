@@ -55,7 +55,10 @@ def sampler_for(run: RunSpec, seed: int, space: SearchSpace | None = None) -> op
     if run.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if run.sampler == "gp":
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        if "OMP_NUM_THREADS" not in os.environ:  # the user's choice stands
+            import torch
+
+            torch.set_num_threads(1)  # this process's own: a variable set here would reach every trial child
         return NoRepeatSampler(optuna.samplers.GPSampler(seed=seed, n_startup_trials=run.startup_trials), seed)
     return NoRepeatSampler(
         optuna.samplers.TPESampler(
