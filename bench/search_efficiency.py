@@ -266,7 +266,8 @@ def transfer_run(task: tuple[Scenario, tuple[Scenario, ...], int, int]) -> tuple
                 warm_start=warm,
             )
             sim.run(budget, CHECKPOINTS, TRIAL_CAP * budget)
-            out[label] = score(Run(sim.steps, sim.confirmed, sim.remeasures, sim.seconds), truth, budget)
+            run = Run(sim.steps, sim.confirmed, sim.remeasures, sim.seconds, confirm_runs=sim.confirm_runs)
+            out[label] = score(run, truth, budget)
             out[label]["sources"] = [
                 e["study"] for e in (sim.study.user_attrs.get(A.WARM_START) or {}).get("sources", [])
             ]
@@ -356,6 +357,7 @@ def _summary(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
         + [f"delivered_regret_at_{b}" for b in BUDGETS if b <= budget]
         + [f"builds_to_{round(lv * 100)}pct" for lv in LEVELS]
         + [f"regret_at_{b}" for b in BUDGETS if b <= budget]
+        + [f"confirm_processes_at_{b}" for b in BUDGETS if b <= budget]
         + ["wasted_fraction", "pruned_fraction", "builds", "trials", "timing_s_per_timed_trial", "remeasures"]
     )
     out: dict[str, Any] = {k: summarise([r.get(k) for r in runs]) for k in keys if any(k in r for r in runs)}
@@ -620,6 +622,11 @@ def markdown(doc: dict[str, Any]) -> str:
             "secs",
         ),
         ("remeasures", "Racing re-measurements per run (ours)", "count"),
+        (
+            f"confirm_processes_at_{CHOICE_BUDGET}",
+            f"Processes of the end-of-study confirmation after {CHOICE_BUDGET} builds (ours)",
+            "count",
+        ),
         ("builds", "Builds made (a strategy may stop early or run out of trials)", "count"),
         ("trials", f"Trials used (cache hits included; runs stop at {doc['settings']['trial_cap']} trials)", "count"),
     ):

@@ -101,9 +101,14 @@ def _paired(rng: np.random.Generator, speedup: float, contended: bool = False, s
 
 
 def _run(
-    factors: dict[int, float], cap: int = 8, contended_rounds: tuple[int, ...] = (), spread: float = 0.03
+    factors: dict[int, float],
+    cap: int = 8,
+    contended_rounds: tuple[int, ...] = (),
+    spread: float = 0.03,
+    seed: int = 3,
+    extend: bool = True,
 ) -> tuple[dict, list[C.RoundEvent]]:
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     candidates = [C.Candidate(_trial(n, "abc"[n - 1], 4.0)) for n in factors]
     events: list[C.RoundEvent] = []
     level = C.interval_level(0.95, len(candidates), cap)
@@ -114,6 +119,7 @@ def _run(
         level,
         "median",
         events.append,
+        extend,
     )
     return C.judge(candidates, level, 0.95, cap, stopped, "median"), events
 
@@ -203,6 +209,36 @@ def test_a_candidate_that_can_no_longer_be_the_answer_is_not_measured_again() ->
     rows = {row["trial"]: row for row in doc["candidates"]}
     assert rows[3]["processes"] == C.MIN_ROUNDS < rows[2]["processes"], rows
     assert sum(e.trial == 3 for e in events) == C.MIN_ROUNDS
+
+
+def test_the_extension_looks_share_the_error_of_the_look_it_replaces() -> None:
+    assert C.look_rounds(8) == (3, 4, 5, 6, 8) and C.look_rounds(8, extended=True) == (3, 4, 5, 6, 8, 12, 16)
+    assert C.look_rounds(4) == (3, 4) and not C.extendable(4)  # nothing to trade: every round looked at, no extension
+    assert C.look_rounds(8, extend=False) == (3, 4, 5, 6, 7, 8)
+    level = C.interval_level(0.95, 3, 8)
+    base, longer = C.look_rounds(8), C.look_rounds(8, extended=True)
+    error = len(base) * (1 - level) + (len(longer) - len(base)) * (1 - C.extension_level(level))
+    assert error == pytest.approx(0.05 / 3)  # per candidate: the family still holds at 95 %
+
+
+def test_a_near_tie_with_the_default_is_measured_on_until_it_is_resolved() -> None:
+    """A route 2 % faster than the default: eight processes leave its interval above 1.0 but not clear of
+    MIN_SPEEDUP; the extension's processes confirm it. Without the extension the same processes end at the cap."""
+    doc, events = _run({1: 1.02, 2: 0.9}, spread=0.02)
+    assert doc["verdict"] == V.SPEEDUP and doc["winner_trial"] == 1 and doc["extended"]
+    rows = {row["trial"]: row for row in doc["candidates"]}
+    assert 8 < rows[1]["processes"] <= 2 * 8 and rows[2]["processes"] < 8  # the slower one was not measured on
+    assert doc["interval_level"] == pytest.approx(C.extension_level(C.interval_level(0.95, 2, 8)))
+    assert "measured on to 16 rounds" in doc["method"] and events[-1].cap == 16
+    doc, _ = _run({1: 1.02, 2: 0.9}, spread=0.02, extend=False)
+    assert doc["verdict"] == V.NO_SIGNIFICANT and doc["stopped"] == "cap" and not doc["extended"]
+    assert 1.0 < doc["ci"][0] < C.MIN_SPEEDUP  # what made it a near tie
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_extension_never_makes_a_win_of_equal_engines(seed: int) -> None:
+    doc, _ = _run({1: 1.0, 2: 1.0, 3: 1.0}, seed=seed)
+    assert doc["verdict"] != V.SPEEDUP and doc["winner_trial"] is None
 
 
 def test_a_win_must_clear_the_least_speedup_worth_reporting() -> None:

@@ -23,6 +23,7 @@ from tuner.backends.replay.landscape import Landscape, Point, Round
 from tuner.space import route_hash
 from tuner.spec import RunSpec
 from tuner.study.sampler import sampler_for
+from tuner.worker import confirm as C
 
 # a: 0 (default) | 1 | 2; b: x (default) | y; c: only when a == 2
 TRUE_MS = {
@@ -101,6 +102,8 @@ def test_a_simulated_study_runs_the_default_first_records_like_the_worker_and_de
     assert sim.remeasures >= 1 and sim.study.user_attrs["racing"]  # racing re-measured the leaders
     assert sim.confirmed[8] == BEST and sim.steps[-1].delivered == BEST
     assert sim.seconds > 0  # the virtual clock advanced by the replayed calls
+    judged = len(C.pick_candidates(trials, trials[0], 3))  # every one measured at least MIN_ROUNDS times
+    assert C.MIN_ROUNDS * judged <= sim.confirm_runs[8] <= C.EXTEND * C.DEFAULT_ROUNDS * judged
 
 
 def test_a_recorded_crash_is_told_as_the_worker_tells_a_dead_child(tmp_path: Path) -> None:

@@ -61,6 +61,12 @@ def _confirmed_at(run: Run, curve: Sequence[float], builds: int, truth: Truth) -
     return ratio(run.confirmed[max(done)], truth) if done else math.inf
 
 
+def _confirm_runs_at(run: Run, builds: int) -> int | None:
+    """The processes of the confirmation behind the route delivered at `builds` (None without one)."""
+    done = [b for b in run.confirm_runs if b <= builds]
+    return run.confirm_runs[max(done)] if done else None
+
+
 def _stays_within(curve: Sequence[float], level: float, budget: int) -> int | None:
     """The first build from which the curve stays within `level` up to `budget` builds (None: never)."""
     within = [r <= 1 + level + 1e-12 for r in curve] + [bool(curve) and curve[-1] <= 1 + level + 1e-12] * max(
@@ -92,6 +98,8 @@ def score(run: Run, truth: Truth, budget: int) -> dict[str, Any]:
             out[f"delivered_regret_at_{b}"] = at - 1
             out[f"delivered_within_2pct_at_{b}"] = at <= 1.02 + 1e-12
             out[f"regret_at_{b}"] = _at(built, b) - 1
+            if run.confirm_runs:
+                out[f"confirm_processes_at_{b}"] = _confirm_runs_at(run, b)
     out["wasted_fraction"] = sum(1 for s in builds if not s.feasible and not s.pruned) / len(builds) if builds else 0.0
     out["pruned_fraction"] = sum(1 for s in builds if s.pruned) / len(builds) if builds else 0.0
     timed = sum(1 for s in builds if s.value is not None or s.pruned)

@@ -74,8 +74,8 @@ class Step:
 
 @dataclass
 class Simulation:
-    """One study on a landscape; `step()` runs one trial as a worker does, `delivered()` what `tuner run` would deliver
-    now.
+    """One study on a landscape; `step()` runs one trial as a worker does, `confirmation()` what `tuner run` would
+    deliver now.
 
     `drift_share` is the replay's `drift_share` option (`tuner.backends.replay.run`) and `seed` its
     noise seed; `objective` the study's timing settings (a study file's defaults unless given);
@@ -91,11 +91,13 @@ class Simulation:
     racing: bool = True
     recommended: bool = True
     warm_start: bool = False  # `[run] warm_start = "auto"`: start from the other models' studies in `storage`
+    extend_confirmation: bool = True  # the confirmation measures a near tie with the default on past its cap
     storage: optuna.storages.BaseStorage | None = None
     name: str = "simulated"
     study: optuna.Study = field(init=False)
     steps: list[Step] = field(default_factory=list)
-    confirmed: dict[int, str] = field(default_factory=dict)  # builds -> the route delivered then (see `delivered`)
+    confirmed: dict[int, str] = field(default_factory=dict)  # builds -> the route delivered then (see `confirmation`)
+    confirm_runs: dict[int, int] = field(default_factory=dict)  # builds -> processes of the confirmation behind it
     builds: int = 0
     remeasures: int = 0
     seconds: float = 0.0  # virtual seconds of timed calls (trials and racing; warm-up included)
@@ -112,7 +114,7 @@ class Simulation:
         self.cycles: dict[
             int, list[list[float]]
         ] = {}  # trial number -> per-cycle log ratios of each paired measurement
-        self.delivery: dict[tuple[int, ...], str] = {}  # confirmation candidates -> the route delivered
+        self.delivery: dict[tuple[int, ...], tuple[str, int]] = {}  # candidates -> the route delivered, processes
         self.runs = 0
         storage = self.storage or optuna.storages.InMemoryStorage()
         self.study = optuna.create_study(
@@ -160,8 +162,9 @@ class Simulation:
         cap = trial_cap or 3 * budget
         while self.builds < budget and len(self.steps) < cap:
             if self.step().build and self.builds in checkpoints:
-                self.confirmed[self.builds] = self.delivered()
-        self.confirmed.setdefault(self.builds, self.delivered())
+                self.confirmed[self.builds], self.confirm_runs[self.builds] = self.confirmation()
+        if self.builds not in self.confirmed:
+            self.confirmed[self.builds], self.confirm_runs[self.builds] = self.confirmation()
         return self.steps
 
     def baseline(self) -> FrozenTrial | None:
@@ -287,9 +290,10 @@ class Simulation:
         best = racing.best_confirmed(self.study.get_trials(deepcopy=False), racing.races(self.study))
         return route_hash(best.params) if best is not None else self.default
 
-    def delivered(self) -> str:
-        """The route `tuner run` with this budget would deliver now: the end-of-study confirmation of the top
-        candidates (`judge_study`) and its verdict (`decide`): the confirmed winner, else the default route.
+    def confirmation(self) -> tuple[str, int]:
+        """The route `tuner run` with this budget would deliver now — the end-of-study confirmation of the top
+        candidates (`judge_study`) and its verdict (`decide`): the confirmed winner, else the default route — and
+        how many processes that confirmation ran.
 
         A confirmation is made again only when its candidates changed since the last one."""
         trials = self.study.get_trials(deepcopy=False)
@@ -303,15 +307,18 @@ class Simulation:
             engine = (
                 self.engine(base) if base is not None else None
             )  # each confirmation process pairs a candidate with it
+            before = self.runs
             doc = judge_study(
                 self.study,
                 self.truth.statistic,
                 lambda t, r: self.rerun(t, f"confirm-r{r}", baseline=engine),
                 log=_quiet,
+                extend=self.extend_confirmation,
             )
             head = decide(summarize_study(self.study), doc, trials, racing.races(self.study))
             exported = next((t for t in trials if t.number == head.export_trial), None)
-            self.delivery[key] = route_hash(exported.params) if exported is not None else self.default
+            route = route_hash(exported.params) if exported is not None else self.default
+            self.delivery[key] = (route, self.runs - before)
         return self.delivery[key]
 
 

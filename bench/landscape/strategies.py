@@ -48,6 +48,7 @@ class Run:
     confirmed: dict[int, str]  # builds -> the route delivered with that budget
     remeasures: int = 0
     seconds: float = 0.0  # virtual seconds of timed calls
+    confirm_runs: dict[int, int] = field(default_factory=dict)  # builds -> processes of the confirmation behind it
     sources: list[str] = field(default_factory=list)  # studies a warm start came from
 
 
@@ -64,6 +65,7 @@ class Strategy:
     direct: Callable[[Direct], None] | None = None
     candidate: bool = False
     drift_share: float | None = None  # overrides the scenario's
+    extend_confirmation: bool = True  # False: the confirmation ends a near tie with the default at its cap
 
     def run(
         self,
@@ -77,7 +79,14 @@ class Strategy:
         with tempfile.TemporaryDirectory(prefix="search-bench-") as tmp:
             share = drift_share if self.drift_share is None else self.drift_share
             if self.sampler is not None:
-                sim = Simulation(truth, self.sampler(truth.space, seed), Path(tmp), share, seed)
+                sim = Simulation(
+                    truth,
+                    self.sampler(truth.space, seed),
+                    Path(tmp),
+                    share,
+                    seed,
+                    extend_confirmation=self.extend_confirmation,
+                )
                 if setup is not None:
                     setup(sim)
                 sim.run(budget, CHECKPOINTS, TRIAL_CAP * budget)
@@ -86,7 +95,8 @@ class Strategy:
                     sim.confirmed,
                     sim.remeasures,
                     sim.seconds,
-                    list((sim.study.user_attrs.get(A.WARM_START) or {}).get("sources", [])),
+                    confirm_runs=sim.confirm_runs,
+                    sources=list((sim.study.user_attrs.get(A.WARM_START) or {}).get("sources", [])),
                 )
             ev = Direct(
                 Simulation(truth, optuna.samplers.RandomSampler(seed), Path(tmp), share, seed, recommended=False),
@@ -312,6 +322,13 @@ STRATEGIES: dict[str, Strategy] = {
             "sampler 'local', replayed with all the recorded between-round drift",
             local,
             drift_share=1.0,
+        ),
+        Strategy(
+            "local-cap",
+            "sampler 'local', the end-of-study confirmation ending a near tie with the default at its cap (as before "
+            "the extension)",
+            local,
+            extend_confirmation=False,
         ),
         Strategy(
             "olive",

@@ -31,6 +31,15 @@ run again, up to CONTENDED_EXTRA extra rounds; when after MIN_ROUNDS rounds more
 the processes were contended, the host is busy (more rounds would mostly be contended too): the
 confirmation stops, judges what was measured uncontended, and says the host was busy.
 
+A near tie with the default route goes on past the cap (`near_tie`): when at the cap no candidate
+is a win but one is significantly faster than the default (its interval above 1.0, not yet clear
+of MIN_SPEEDUP: a route a few percent faster, which eight processes cannot resolve), those
+candidates are measured on, up to EXTEND times the cap. The extension pays for its two looks
+(halfway and at its end, `look_rounds`) with the share of the look at the round before the cap,
+which is skipped: every other look keeps its level, so a study decided before then stops exactly as
+before, one that would have been decided at the round before the cap is decided at the cap, and
+the family still holds at the requested confidence.
+
 With `[[objective.shapes]]` a process's per-shape figures are pooled too, shape by shape, at the same
 level: each candidate row gets `shapes` (inputs, weight, `speedup`, `ci`, the median `route_ms` and
 `default_ms`), and the message says the per-shape speedups (`tuner.measure.shapes.per_shape`).
@@ -77,6 +86,7 @@ from tuner.worker.race import stored_engine
 
 DEFAULT_ROUNDS = 8  # the cap on rounds (processes per candidate) unless --confirm-rounds says otherwise
 MIN_ROUNDS = 3  # processes per candidate before the verdict may be decided: their spread needs three to be seen
+EXTEND = 2  # a near tie with the default route may run to this many times the cap (`near_tie`)
 MIN_SPEEDUP = 1.01  # the least speedup reported as a win: its interval must lie above this, not just above 1.0
 CONTENDED_EXTRA = 4  # rounds run beyond the cap to replace contended processes
 TIE = 0.02  # candidates not told apart from the leader whose estimates lie within this of its own: a tie
@@ -87,6 +97,7 @@ METHOD = (
     "{level:.4%}: Bonferroni over {k} candidate(s) and {looks} look(s), stopping once the verdict is decided; a win "
     "needs its interval above {min_speedup}x"
 )
+EXTENDED = "; a near tie with the default route measured on to {rounds} rounds, its looks at {level:.4%}"
 NOTHING_TO_CONFIRM = "nothing-to-confirm"  # a confirmation outcome; the other verdicts are `tuner.study.verdict`'s
 
 
@@ -141,6 +152,34 @@ def interval_level(confidence: float, candidates: int, cap: int) -> float:
     """The level of each interval: Bonferroni over the candidates and the looks, so that all hold jointly at
     `confidence`."""
     return 1.0 - (1.0 - confidence) / (max(candidates, 1) * looks(cap))
+
+
+def extendable(cap: int) -> bool:
+    """Whether a confirmation with this cap may go on past it (`near_tie`): it has a look before the cap to trade."""
+    return cap >= MIN_ROUNDS + 2
+
+
+def look_rounds(cap: int, extend: bool = True, extended: bool = False) -> tuple[int, ...]:
+    """The rounds after which the verdict is looked at: each from MIN_ROUNDS to the cap, but the one before the cap
+    where the confirmation may go on past it (`extend`, `extendable`); `extended`, then also halfway to EXTEND x the
+    cap and there."""
+    if not (extend and extendable(cap)):
+        return tuple(range(MIN_ROUNDS, cap + 1))
+    rounds = (*range(MIN_ROUNDS, cap - 1), cap)
+    return (*rounds, (cap + EXTEND * cap + 1) // 2, EXTEND * cap) if extended else rounds
+
+
+def extension_level(level: float) -> float:
+    """The level of the extension's intervals: its two looks share the error of the look before the cap."""
+    return 1.0 - (1.0 - level) / 2
+
+
+def near_tie(standings: Mapping[int, Speedup]) -> list[int]:
+    """The candidates more processes may still make a win of: with no win yet, those significantly faster than the
+    default route (their interval above 1.0) but not clear of MIN_SPEEDUP; empty otherwise."""
+    if any(is_win(s) for s in standings.values()):
+        return []
+    return [n for n, s in standings.items() if s.low > 1.0]
 
 
 def decided(standings: Mapping[int, Speedup]) -> str:
@@ -305,10 +344,11 @@ def judge_study(
     log: Callable[[str], None] = print,
     on_round: Callable[[RoundEvent], None] | None = None,
     default_failure: str = "",
+    extend: bool = True,
 ) -> dict[str, Any]:
     """The confirmation document of `study`: its candidates, measured by `measure(candidate, round)` (one process timing
     the candidate paired with the default) until decided, and the verdict (`confirm` runs children; the search
-    benchmark replays them)."""
+    benchmark replays them). `extend` False: a near tie ends at the cap (the search benchmark's comparison)."""
     cap = DEFAULT_ROUNDS if rounds is None else rounds
     if cap < MIN_ROUNDS:
         raise TunerError(f"--confirm-rounds {cap} is too few: a confirmation needs at least {MIN_ROUNDS} rounds")
@@ -342,7 +382,8 @@ def judge_study(
     if default_failure:
         return {**doc, **_nothing(candidates, f"the default route failed: {default_failure}")}
     level = interval_level(confidence, len(trials), cap)
-    stopped = run_rounds(candidates, measure, cap, level, statistic, on_round or (lambda event: log(event.text())))
+    report = on_round or (lambda event: log(event.text()))
+    stopped = run_rounds(candidates, measure, cap, level, statistic, report, extend)
     return {**doc, **judge(candidates, level, confidence, cap, stopped, statistic)}
 
 
@@ -353,28 +394,40 @@ def run_rounds(
     level: float,
     statistic: str,
     report: Callable[[RoundEvent], None],
+    extend: bool = True,
 ) -> str:
-    """Rounds of one process per candidate until `decided` (each with MIN_ROUNDS) or the cap: "decided" or "cap"
-    ("busy" when after MIN_ROUNDS rounds more than BUSY_SHARE of the processes were contended). A `settled`
-    candidate is not measured again."""
+    """Rounds of one process per candidate until `decided` at a look (`look_rounds`, each candidate with MIN_ROUNDS)
+    or the cap: "decided" or "cap" ("busy" when after MIN_ROUNDS rounds more than BUSY_SHARE of the processes were
+    contended). A `settled` candidate is not measured again. At the cap a `near_tie`'s candidates are measured on
+    to EXTEND x the cap, with intervals at `extension_level` (`judge` tells by the processes); not with `extend`
+    False, which looks after every round to the cap instead."""
     standings: dict[int, Speedup] = {}
-    for r in range(cap + CONTENDED_EXTRA):
+    extend = extend and extendable(cap)
+    limit, measured = cap, {c.trial.number for c in candidates}
+    looks_at = look_rounds(cap, extend)
+    r = 0
+    while r < limit + CONTENDED_EXTRA:
         live = [
             c
             for c in candidates
             if not c.failure
-            and len(c.log_ratios) < cap
+            and c.trial.number in measured
+            and len(c.log_ratios) < limit
             and not (len(c.log_ratios) >= MIN_ROUNDS and settled(c.trial.number, standings))
         ]
         if not live:
+            if limit == cap and extend and (tied := near_tie(standings)):
+                limit, looks_at, measured = EXTEND * cap, look_rounds(cap, extended=True), set(tied)
+                level = extension_level(level)
+                continue
             break
         order = live[r % len(live) :] + live[: r % len(live)]
         for c in order:
             own, contended = _add(c, measure(c.trial, r), statistic)
             standings = {k.trial.number: s for k in candidates if not k.failure and (s := k.pooled(level)) is not None}
             ready = c is order[-1] and all(len(k.log_ratios) >= MIN_ROUNDS for k in candidates if not k.failure)
-            why = decided(standings) if ready else ""
-            report(RoundEvent(r + 1, cap, c.trial.number, own, contended, c.failure, standings, why))
+            why = decided(standings) if ready and r + 1 in looks_at else ""
+            report(RoundEvent(r + 1, limit, c.trial.number, own, contended, c.failure, standings, why))
             if why:
                 return "decided"
         contended_n = sum(c.contended for c in candidates)
@@ -382,7 +435,13 @@ def run_rounds(
         if r + 1 >= MIN_ROUNDS and contended_n > BUSY_SHARE * timed:
             # the host's other work keeps the cores: more rounds would mostly be contended too
             return "busy"
+        r += 1
     return "cap"
+
+
+def extended(candidates: list[Candidate], cap: int) -> bool:
+    """Whether the rounds went on past the cap (a `near_tie`): a candidate has more processes than the cap allows."""
+    return any(len(c.log_ratios) > cap for c in candidates)
 
 
 def _add(c: Candidate, res: J.Result, statistic: str) -> tuple[Speedup | None, bool]:
@@ -408,7 +467,10 @@ def _add(c: Candidate, res: J.Result, statistic: str) -> tuple[Speedup | None, b
 def judge(
     candidates: list[Candidate], level: float, confidence: float, cap: int, stopped: str, statistic: str
 ) -> dict[str, Any]:
-    """The verdict and the per-candidate pooled intervals (at `level`, see `interval_level`)."""
+    """The verdict and the per-candidate pooled intervals (at `level`, see `interval_level`; at `extension_level`
+    when the rounds went on past the cap)."""
+    longer = extended(candidates, cap)
+    level = extension_level(level) if longer else level
     rows: list[dict[str, Any]] = []
     judged: list[tuple[Candidate, Speedup]] = []
     for c in candidates:
@@ -437,9 +499,11 @@ def judge(
         "stopped": stopped,
         "candidates": rows,
         "interval_level": level,
+        "extended": longer,
         "method": METHOD.format(
             statistic=statistic, level=level, k=len(candidates), looks=looks(cap), min_speedup=MIN_SPEEDUP
-        ),
+        )
+        + (EXTENDED.format(rounds=EXTEND * cap, level=level) if longer else ""),
         "default_median_ms": median_finite([v for c in candidates for v in c.default_ms]),
     }
     base["contention"] = contention(candidates)
