@@ -174,7 +174,7 @@ def run_all(
     with the same settings) are kept, not run again. At `deadline` (time.monotonic) the runs stop and only the cells
     with every seed are returned."""
     done = done or {}
-    todo = [(sc, n) for sc in scenarios for n in names if n not in done.get(sc.name, {})]
+    todo = [(sc, n) for n in names for sc in scenarios if n not in done.get(sc.name, {})]  # a strategy's cells first
     tasks = [(sc, name, seed, budget) for sc, name in todo for seed in range(seeds)]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {sc.name: {} for sc in scenarios}
     t0 = time.monotonic()
