@@ -208,6 +208,15 @@ def _value(v: Any) -> str:
     raise TypeError(type(v))
 
 
+def run_study(spec: Path, storage: str | None = None, trials: int | None = None, **options: Any) -> dict[str, Any]:
+    """Run the study in this process through the Python API, as `tuner run SPEC --no-confirm` does (`tuner run` is
+    built on `Study.run`; `options` are its keyword arguments, e.g. `confirm=True, confirm_rounds=6`): for tests that
+    need a run's results, not the command's output. Its workers are real processes, forked from the real server."""
+    from tuner import Study
+
+    return Study.from_file(spec, storage=storage).run(trials, confirm=options.pop("confirm", False), **options)
+
+
 def tuner(
     *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import SpecWriter, tuner
+from tests.conftest import SpecWriter, run_study, tuner
 from tests.helpers import trials
 from tests.models import vad_model
 from tuner import job as J
@@ -31,8 +31,7 @@ def _none_failed(url: str, study: str) -> bool:
 
 def test_a_study_whose_metric_is_a_python_function_runs_end_to_end(write_spec: SpecWriter, sqlite_url: str) -> None:
     spec = write_spec(**{"accuracy.metric": PLUGIN, "accuracy.tolerance": 0.34, "run.budget": 2})
-    result = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")
-    assert result.returncode == 0, result.stderr
+    run_study(spec, sqlite_url)
     done = trials(sqlite_url, "tiny")
     assert len(done) == 2 and _none_failed(sqlite_url, "tiny"), _outcomes(sqlite_url, "tiny")
     baseline = next(t for t in done if t.user_attrs.get("source") == "baseline")
@@ -130,8 +129,7 @@ def _vad_study(tmp_path: Path, rule: str) -> Path:
 def test_a_study_with_a_per_output_tolerance_runs_end_to_end(tmp_path: Path, sqlite_url: str) -> None:
     study = _vad_study(tmp_path, 'metric = "max_abs"\ntolerance = 0.05')
     assert load_spec(study).accuracy.outputs == {"stateN": Rule("max_abs", 0.05, Tolerances())}
-    result = tuner("run", str(study), "--storage", sqlite_url, "--no-confirm")
-    assert result.returncode == 0, result.stderr
+    run_study(study, sqlite_url)
     done = trials(sqlite_url, "vad")
     assert done and _none_failed(sqlite_url, "vad"), _outcomes(sqlite_url, "vad")
     assert set(done[0].user_attrs["accuracy_per_output"]) == {"output", "stateN"}

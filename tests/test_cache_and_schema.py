@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, inspect, text
 
-from tests.conftest import tuner
+from tests.conftest import run_study, tuner
 from tests.helpers import trials
 from tests.models import conv_model
 from tuner.store.db import head_revision
@@ -25,13 +25,13 @@ def test_repeated_route_is_served_from_the_cache_and_a_changed_model_is_not(writ
     first = write_spec(
         "a.toml", **{"study.name": "first", "backend.name": FAULT, "backend.options": options, "run.budget": 1}
     )
-    assert tuner("run", str(first), "--no-confirm", "--storage", pg_url).returncode == 0
+    run_study(first, pg_url)
     assert _builds(markers) == 1
     # Another study with the same model, data and route: the baseline result is reused, nothing is built.
     second = write_spec(
         "b.toml", **{"study.name": "second", "backend.name": FAULT, "backend.options": options, "run.budget": 1}
     )
-    assert tuner("run", str(second), "--no-confirm", "--storage", pg_url).returncode == 0
+    run_study(second, pg_url)
     assert _builds(markers) == 1
     reused = trials(pg_url, "second")[0]
     assert reused.user_attrs["cache_hit"] is True and reused.user_attrs["cached_from"] == "first#0"
@@ -43,14 +43,14 @@ def test_repeated_route_is_served_from_the_cache_and_a_changed_model_is_not(writ
     third = write_spec(
         "c.toml", **{"study.name": "third", "backend.name": FAULT, "backend.options": options, "run.budget": 1}
     )
-    assert tuner("run", str(third), "--no-confirm", "--storage", pg_url).returncode == 0
+    run_study(third, pg_url)
     assert _builds(markers) == 2
     assert trials(pg_url, "third")[0].user_attrs["cache_hit"] is False
 
 
 def test_first_run_sets_up_both_schemas_apart(write_spec, pg_url) -> None:
     spec = write_spec(**{"run.budget": 1})
-    assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
+    run_study(spec, pg_url)
     engine = create_engine(normalize_url(pg_url))
     tables = set(inspect(engine).get_table_names())
     assert {"trials", "studies", "alembic_version"} <= tables  # Optuna's

@@ -24,7 +24,7 @@ from optuna_dashboard import get_note
 from playwright.sync_api import Page, expect, sync_playwright
 from sqlalchemy import create_engine, inspect, text
 
-from tests.conftest import REPO, SpecWriter, tuner
+from tests.conftest import REPO, SpecWriter, run_study, tuner
 from tests.helpers import start_tuner
 from tuner.cli.dashboard import FeasibleBestStorage, is_loopback
 from tuner.store.urls import normalize_url
@@ -91,8 +91,7 @@ def test_dashboard_shows_feasibility_and_the_best_feasible_note(
             "backend.space": {"intra_op_threads": [0, 1], "execution_mode": ["sequential"]},
         }
     )
-    run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "6")
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_study(spec, pg_url, confirm=True, confirm_top_k=1, confirm_rounds=6)
     url = normalize_url(pg_url)
     study = optuna.load_study(study_name="tiny", storage=url)
     summary = summarize_study(study)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from tests.conftest import tuner
+from tests.conftest import run_study, tuner
 from tests.helpers import start_tuner, status, trials, wait_for_file
 
 FAULT = "tests.backends:FaultBackend"
@@ -30,8 +30,7 @@ def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(write_spec, pg_u
     os.kill(worker_pid, signal.SIGKILL)  # mid-build: the trial's child is blocked inside build()
     proc.wait(timeout=300)
     assert proc.returncode != 0  # the run reports that a worker died
-    again = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
-    assert again.returncode == 0, again.stderr
+    run_study(spec, pg_url)
 
     ts = trials(pg_url, "tiny")
     assert not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]
@@ -58,8 +57,7 @@ def test_segfault_and_hang_are_classified_and_the_worker_goes_on(write_spec, sql
             "run.trial_timeout_s": 30.0,
         }
     )
-    result = tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url)
-    assert result.returncode == 0, result.stderr
+    run_study(spec, sqlite_url)
     ts = sorted(trials(sqlite_url, "tiny"), key=lambda t: t.number)
     classes = [t.user_attrs.get("failure_class") for t in ts]
     assert classes[:3] == ["crash-signal", "timeout", "build-error"]
@@ -71,14 +69,12 @@ def test_segfault_and_hang_are_classified_and_the_worker_goes_on(write_spec, sql
 
 def test_three_workers_end_at_exactly_the_budget(write_spec, pg_url) -> None:
     spec = write_spec(**{"run.budget": 7, "run.workers": 3})
-    result = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
-    assert result.returncode == 0, result.stderr
+    run_study(spec, pg_url)
     ts = trials(pg_url, "tiny")
     assert len([t for t in ts if t.state.is_finished()]) == 7
     assert len(ts) == 7
     # resuming with a larger total budget runs only the difference
-    more = tuner("run", str(spec), "--no-confirm", "--storage", pg_url, "--trials", "9")
-    assert more.returncode == 0, more.stderr
+    run_study(spec, pg_url, 9)
     assert len(trials(pg_url, "tiny")) == 9
 
 
@@ -104,14 +100,14 @@ def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(write_spec
     waiting = [t for t in ts if t.state == TrialState.WAITING]
     assert len(waiting) == 1 and waiting[0].user_attrs["retry_of"] == interrupted[0].number
     (markers / "release").write_text("")
-    assert tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url).returncode == 0
+    run_study(spec, sqlite_url)
     s = status(tuner("status", str(spec), "--storage", sqlite_url, "--json"))
     assert s["complete"] + s["pruned"] + s["failed"] == 3 and s["waiting"] == 0
 
 
 def test_resume_with_an_incompatible_spec_is_refused(write_spec, pg_url) -> None:
     spec = write_spec(**{"run.budget": 1})
-    assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
+    run_study(spec, pg_url)
     changed = write_spec(
         **{"run.budget": 3, "accuracy.tolerance": 0.5, "backend.space": {"precision": ["fp32", "fp16"]}}
     )

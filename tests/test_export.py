@@ -16,7 +16,7 @@ import numpy as np
 import optuna
 import pytest
 
-from tests.conftest import REPO, tuner
+from tests.conftest import REPO, run_study, tuner
 from tests.helpers import trials
 from tuner.backends.onnxruntime.session import session_settings
 from tuner.store.urls import normalize_url
@@ -48,10 +48,10 @@ def study_with_two_routes(write_spec, sqlite_url):
             "backend.space": {"precision": ["fp32"], "intra_op_threads": [0, 1], "execution_mode": ["sequential"]},
         }
     )
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--trials", "1", "--no-confirm").returncode == 0
+    run_study(spec, sqlite_url, 1)
     study = optuna.load_study(study_name="tiny", storage=normalize_url(sqlite_url))
     study.enqueue_trial({**study.trials[0].params, "intra_op_threads": 1, "graph_optimization_level": "basic"})
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    run_study(spec, sqlite_url)
     return spec, sqlite_url
 
 
@@ -166,7 +166,7 @@ budget = 2
 racing = false
 trial_timeout_s = 600
 """)
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    run_study(spec, sqlite_url)
     int8 = next(t for t in trials(sqlite_url, "effnet") if t.params["precision"] == "int8_static")
     assert int8.user_attrs.get("feasible"), int8.user_attrs
     out = tmp_path / "winner"

@@ -11,7 +11,7 @@ import optuna
 import psycopg2
 from optuna.trial import TrialState
 
-from tests.conftest import tuner
+from tests.conftest import run_study, tuner
 from tests.helpers import start_tuner, trial_dir, trials
 from tuner.store.db import lock_key
 from tuner.store.leases import HOST
@@ -31,7 +31,7 @@ def _artifact(work: Path, t: optuna.trial.FrozenTrial) -> list[Path]:
 
 def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec, pg_url, tmp_path: Path) -> None:
     spec = write_spec(**{"run.budget": 10, "run.sampler": "random", "run.keep_best": 1, "run.racing": False})
-    assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
+    run_study(spec, pg_url)
     work = tmp_path / ".tuner" / "tiny"
     ts = sorted(trials(pg_url, "tiny"), key=lambda t: t.number)
     feasible = sorted((t for t in ts if is_feasible(t)), key=lambda t: (t.value, t.number))
@@ -157,7 +157,7 @@ def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a
             "run.grace_s": 30.0,
         }
     )
-    assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
+    run_study(spec, pg_url)
     work = tmp_path / ".tuner" / "tiny"
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
     ts = sorted(study.get_trials(), key=lambda t: t.number)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import tuner
+from tests.conftest import run_study, tuner
 from tests.helpers import trials
 from tests.models import conv_model
 from tests.test_tensorrt_mapping import TRT11
@@ -80,8 +80,7 @@ def test_a_pre_quantized_model_gets_no_int8_or_fp16_proposals(tmp_path: Path, wr
     assert listed.returncode == 0, listed.stderr
     assert "precision: the model is already quantized (DynamicQuantizeLinear x3, ConvInteger x2" in listed.stdout
     assert "model preparation before int8 variants" not in listed.stdout and "quant_types" not in listed.stdout
-    done = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_study(spec, pg_url)
     ran = trials(pg_url, "tiny")
     assert len(ran) >= 3 and {t.params["precision"] for t in ran} == {"fp32"}
     assert not any(t.user_attrs.get("failure_class") in ("build-error", "known-failure") for t in ran)

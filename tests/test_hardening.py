@@ -23,7 +23,7 @@ import psycopg2
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import REPO, tuner
+from tests.conftest import REPO, run_study, tuner
 from tests.helpers import start_tuner, status, trials, wait_for_file
 from tuner import job as J
 from tuner.spec import load_spec
@@ -145,8 +145,7 @@ def test_an_environment_error_is_run_again_and_never_cached(write_spec, pg_url, 
             "run.budget": 1,
         }
     )
-    result = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
-    assert result.returncode == 0, result.stderr
+    run_study(spec, pg_url)
     (t,) = trials(pg_url, "tiny")
     assert (
         t.state == TrialState.COMPLETE and t.user_attrs["failure_class"] == ""
@@ -190,7 +189,7 @@ def test_a_full_work_dir_pauses_the_worker_and_poisons_nothing(
     write_spec, pg_url, small_disk: Path, tmp_path: Path
 ) -> None:
     spec = write_spec(**{"study.work_dir": str(small_disk / "work"), "run.budget": 1})
-    assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0  # reference, feeds, baseline
+    run_study(spec, pg_url)  # reference, feeds, baseline
     filler = fill(small_disk)
     proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, "--trials", "3", log=tmp_path / "run.log")
     try:
@@ -306,8 +305,11 @@ SIGNAL_IN_POPEN = """
 import os, signal, sys
 
 def _hook(event, args):
-    if event == "subprocess.Popen" and any("tuner.worker.child" in str(a) for a in (args[1] or [])):
-        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the worker is inside Popen
+    starts = event == "socket.sendmsg" or (  # asks the server to fork the child, or starts one with Popen
+        event == "subprocess.Popen" and any("tuner.worker.child" in str(a) for a in (args[1] or []))
+    )
+    if starts and b"tuner.worker.main" in open("/proc/self/cmdline", "rb").read():
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the worker is starting its trial's child
 
 sys.addaudithook(_hook)
 """
@@ -363,7 +365,7 @@ def test_a_stop_during_reserve_runs_no_trial(write_spec, pg_url, tmp_path: Path)
     spec = write_spec(
         **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {}}, "run.budget": 1}
     )
-    assert tuner("run", str(spec), "--no-confirm", "--storage", pg_url).returncode == 0
+    run_study(spec, pg_url)
     builds = len(list(markers.glob("build-*")))
     key = _lock_key("tiny")
     holder = psycopg2.connect(pg_url)
@@ -403,7 +405,7 @@ def test_an_artifact_outside_the_out_dir_is_refused(write_spec, sqlite_url, tmp_
             "run.budget": 1,
         }
     )
-    assert tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url).returncode == 0
+    run_study(spec, sqlite_url)
     (t,) = trials(sqlite_url, "tiny")
     assert t.state == TrialState.PRUNED and t.user_attrs["failure_class"] == J.BUILD_ERROR
     assert "outside its out dir" in t.user_attrs["message"] and "artifact_sha256" not in t.user_attrs
@@ -412,7 +414,7 @@ def test_an_artifact_outside_the_out_dir_is_refused(write_spec, sqlite_url, tmp_
 
 def test_export_refuses_an_artifact_changed_since_it_was_recorded(write_spec, sqlite_url, tmp_path: Path) -> None:
     spec = write_spec(**{"run.budget": 1})
-    assert tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url).returncode == 0
+    run_study(spec, sqlite_url)
     (t,) = trials(sqlite_url, "tiny")
     (stored,) = (spec.parent / ".tuner" / "tiny" / "artifacts").glob(f"{t.user_attrs['artifact_sha256']}*")
     with open(stored, "ab") as f:

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import REPO, tuner
+from tests.conftest import REPO, run_study, tuner
 from tests.models import conv_model
 
 BUNDLED = REPO / "models" / "efficientnet_lite0.onnx"
@@ -50,8 +50,7 @@ def _init_and_run(model: Path, out: Path, *init_args: str) -> dict:
     assert made.returncode == 0, made.stderr
     assert "review this" in made.stderr and out.exists()
     storage = f"sqlite:///{out.parent / 'study.db'}"
-    ran = tuner("run", str(out), "--trials", "2", "--no-confirm", "--storage", storage)
-    assert ran.returncode == 0, ran.stderr
+    run_study(out, storage, 2)
     return tomllib.loads(out.read_text())
 
 

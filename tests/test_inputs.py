@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import tuner
+from tests.conftest import run_study, tuner
 from tests.helpers import trials
 from tests.models import vad_model
 from tuner import job as J
@@ -129,8 +129,7 @@ def test_a_scalar_and_axis_1_state_model_runs_end_to_end(source: str, tmp_path: 
         study = _study(tmp_path, 'file = "vad.npz"\n')
     else:
         study = _study(tmp_path, CONSTANTS)
-    result = tuner("run", str(study), "--storage", sqlite_url, "--no-confirm")
-    assert result.returncode == 0, result.stderr
+    run_study(study, sqlite_url)
     done = trials(sqlite_url, "vad")
     assert len(done) == 3 and all(t.state.name != "FAIL" for t in done), [t.user_attrs for t in done]
     # every trial built, ran and was judged (timed, infeasible or pruned as slow): none failed

@@ -7,7 +7,7 @@ import json
 
 from optuna.trial import TrialState
 
-from tests.conftest import tuner
+from tests.conftest import run_study, tuner
 from tests.helpers import trials
 from tuner.measure.memory import DEVICE, HOST, MemoryProbe
 
@@ -35,7 +35,7 @@ def test_a_memory_cap_makes_routes_above_it_infeasible_and_the_sampler_sees_it(w
             "run.racing": False,
         }
     )
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    run_study(spec, sqlite_url)
     done = {t.params["ballast_mb"]: t for t in trials(sqlite_url, "tiny")}
     assert set(done) == {0, 48, 96} and all(t.state == TrialState.COMPLETE for t in done.values())
     assert (
@@ -61,7 +61,7 @@ def test_a_cap_below_the_default_routes_peak_leaves_no_feasible_route(write_spec
             "run.racing": False,
         }
     )
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    run_study(spec, sqlite_url)
     done = trials(sqlite_url, "tiny")
     baseline = next(t for t in done if t.user_attrs.get("source") == "baseline")
     assert (

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import tuner
+from tests.conftest import run_study
 from tests.helpers import trials
 from tests.models import conv_model, vad_model
 from tests.test_inputs import CONSTANTS, MODEL
@@ -108,8 +108,7 @@ def test_the_vad_models_fp16_routes_run_in_a_study(tmp_path: Path, sqlite_url: s
     vad_model(tmp_path / "vad.onnx")
     study = tmp_path / "vad.toml"
     study.write_text(STUDY)
-    result = tuner("run", str(study), "--storage", sqlite_url, "--no-confirm")
-    assert result.returncode == 0, result.stderr
+    run_study(study, sqlite_url)
     done = [t for t in trials(sqlite_url, "vad-fp16") if t.state.is_finished()]
     fp16 = [t for t in done if t.params["precision"] == "fp16"]
     assert len(done) == 4 and {t.params["keep_fp32"] for t in fp16} == {

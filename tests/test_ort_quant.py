@@ -15,7 +15,7 @@ import optuna
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import REPO, tuner
+from tests.conftest import REPO, run_study, tuner
 from tests.helpers import status, trial_dir, trials
 from tests.models import vad_model
 from tuner.backends.base import BuildContext, ModelInfo
@@ -257,8 +257,7 @@ def test_opset12_study_builds_int8_and_shows_its_preparation(write_spec, sqlite_
             "backend.space": {"precision": ["fp32", "int8_static", "int8_dynamic"], "intra_op_threads": [0, 1]},
         }
     )
-    run = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")
-    assert run.returncode == 0, run.stderr
+    run_study(spec, sqlite_url)
     ts = [t for t in trials(sqlite_url, "tiny") if t.state.is_finished()]
     int8 = [t for t in ts if str(t.params["precision"]).startswith("int8")]
     assert int8 and all(t.user_attrs["failure_class"] not in ("build-error", "known-failure") for t in int8)
@@ -305,8 +304,7 @@ def test_a_failed_variant_is_learned_once_and_costs_no_budget(write_spec, pg_url
                 "quant_ops": "all",
             }
         )
-    run = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
-    assert run.returncode == 0, run.stderr
+    run_study(spec, pg_url)
     ts = [t for t in trials(pg_url, "tiny") if t.state.is_finished()]
     dyn = sorted((t for t in ts if t.params["precision"] == "int8_dynamic"), key=lambda t: t.number)
     by_rr = {rr: [t for t in dyn if t.params["reduce_range"] == rr] for rr in (True, False)}

@@ -12,7 +12,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from tests.conftest import SpecWriter, tuner
+from tests.conftest import SpecWriter, run_study
 from tests.helpers import trials as read_trials
 from tuner import job as J
 from tuner.store.cache import ResultStore
@@ -127,8 +127,7 @@ def test_a_two_worker_study_pairs_every_candidate_with_the_baseline(write_spec: 
     spec = write_spec(
         **{"run.budget": 5, "run.workers": 2, "backend.name": "tests.backends:SameEngineBackend"}
     )  # feasible routes to race
-    run = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_study(spec, pg_url)
     trials = sorted(read_trials(pg_url, "tiny"), key=lambda t: t.number)
     base = trials[0]
     assert base.user_attrs["source"] == "baseline" and base.state == TrialState.COMPLETE

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from bench.landscape.record import Recorder
 from bench.landscape.truth import Truth
-from tests.conftest import tuner
+from tests.conftest import run_study, tuner
 from tests.helpers import trials
 from tests.test_landscape import write_tiny_study
 from tuner import job as J
@@ -122,8 +122,7 @@ def test_replayed_failures_end_the_child_as_recorded(recorded, tmp_path: Path) -
 
 def test_tuner_run_with_replay_on_postgres(recorded, pg_url: str) -> None:
     spec = replay_study(recorded, **{"name": "run.toml", "study": "tiny-replay-run"})
-    done = tuner("run", str(spec), "--storage", pg_url, "--trials", "6", "--no-confirm")
-    assert done.returncode == 0, done.stderr
+    run_study(spec, pg_url, 6)
     land = load_landscape(recorded[1])
     ts = trials(pg_url, "tiny-replay-run")
     complete = [t for t in ts if t.state == TrialState.COMPLETE]

@@ -11,7 +11,7 @@ import optuna
 import pytest
 from matplotlib.image import imread
 
-from tests.conftest import SpecWriter, tuner
+from tests.conftest import SpecWriter, run_study, tuner
 from tuner.report import page, plots
 from tuner.report.data import ReportData, collect, importances
 from tuner.spec import load_spec
@@ -37,8 +37,7 @@ def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path:
             "backend.space": {"precision": ["fp32", "fp16", "int8_dynamic"], "intra_op_threads": [0, 1]},
         }
     )
-    first = tuner("run", str(spec), "--storage", pg_url, "--trials", "1", "--no-confirm")  # the default route only
-    assert first.returncode == 0, first.stderr[-3000:]
+    run_study(spec, pg_url, 1)  # the default route only
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
     study.enqueue_trial(
         {**study.trials[0].params, "intra_op_threads": 1}
@@ -46,8 +45,7 @@ def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path:
     study.enqueue_trial(
         {**study.trials[0].params, "precision": "fp16"}
     )  # and one that breaks a 1e-9 tolerance, for sure
-    run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "6")
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_study(spec, pg_url, confirm=True, confirm_top_k=1, confirm_rounds=6)
     out = tmp_path / "report"
     rep = tuner("report", str(spec), "--storage", pg_url, "--out", str(out))
     assert rep.returncode == 0, rep.stderr

@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna_dashboard import get_note
 
-from tests.conftest import REPO, tuner
+from tests.conftest import REPO, run_study, tuner
 from tests.helpers import trials
 from tests.models import conv_model
 from tuner.errors import SpecError
@@ -89,8 +89,7 @@ budget = 2
 racing = false
 trial_timeout_s = 300
 """)
-    ran = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")
-    assert ran.returncode == 0, ran.stderr[-2000:]
+    run_study(spec, sqlite_url)
     done = trials(sqlite_url, "effnet-shapes")
     candidate = next(t for t in done if t.user_attrs.get("source") != "baseline")
     assert [s["inputs"]["images"][0] for s in candidate.user_attrs["shapes"]] == [1, 8]
@@ -157,8 +156,7 @@ def test_racing_pools_each_shape_of_a_re_measured_trial_and_the_verdict_says_rac
     """The tiny model with a dynamic batch at two shapes, racing on, no confirmation: each re-measured trial's racing
     entry pools every uncontended paired measurement of it shape by shape, as it pools them all."""
     spec = _two_shapes(write_spec, tmp_path)
-    ran = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
-    assert ran.returncode == 0, ran.stderr[-3000:]
+    run_study(spec, pg_url)
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
     raced = {int(n): e for n, e in study.user_attrs["racing"].items() if e.get("remeasured")}
     assert raced, study.user_attrs["racing"]
@@ -194,7 +192,7 @@ def test_a_study_with_one_core_times_every_route_on_one_core_and_never_proposes_
     space = Context(load_spec(spec), "sqlite://").space
     assert set(space.param("intra_op_threads").choices) == {0, 1}
     assert set(space.param("inter_op_threads").choices) == {0, 1}
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
+    run_study(spec, sqlite_url)
     done = trials(sqlite_url, "tiny")
     timed = [t for t in done if "affinity" in t.user_attrs]
     assert timed and len(timed) == len([t for t in done if t.user_attrs.get("latency_ms")])

@@ -9,7 +9,7 @@ import sys
 
 from optuna.trial import TrialState
 
-from tests.conftest import REPO, tuner
+from tests.conftest import REPO, run_study, tuner
 from tests.helpers import status, trials
 
 SPACE = {
@@ -32,8 +32,7 @@ def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write
             "run.sampler": "random",
         }
     )
-    run = tuner("run", str(spec), "--storage", pg_url, "--no-confirm")
-    assert run.returncode == 0, run.stderr
+    run_study(spec, pg_url)
     ts = [t for t in trials(pg_url, "tiny") if t.state.is_finished()]
     int8 = [t for t in ts if str(t.params.get("precision", "")).startswith("int8")]
     assert int8 and all(t.user_attrs["failure_class"] in ("accuracy-gate", "accuracy") for t in int8)
@@ -69,8 +68,8 @@ def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write
 
 def test_baseline_is_the_first_trial_once_across_restarts(write_spec, sqlite_url) -> None:
     spec = write_spec(**{"run.budget": 2})
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm").returncode == 0
-    assert tuner("run", str(spec), "--storage", sqlite_url, "--trials", "3", "--no-confirm").returncode == 0
+    run_study(spec, sqlite_url)
+    run_study(spec, sqlite_url, 3)
     ts = sorted(trials(sqlite_url, "tiny"), key=lambda t: t.number)
     baselines = [t for t in ts if t.user_attrs.get("source") == "baseline"]
     assert [t.number for t in baselines] == [0]

@@ -124,7 +124,7 @@ class Study:
         """
         from tuner.study.gc import enforce_cap
         from tuner.study.setup import claim_device, prepare
-        from tuner.worker.pool import Pool
+        from tuner.worker.pool import Pool, study_server
 
         emit = _emitter(callbacks)
         ctx = self._writable_context()
@@ -132,11 +132,12 @@ class Study:
         gpu_list = [str(g).strip() for g in gpus or () if str(g).strip()]
         timeout = timeout_s if timeout_s is not None else ctx.spec.run.timeout_s
         started = time.monotonic()
+        server = None if gpu_list else study_server(ctx.backend, ctx.spec.run.sampler)  # its imports overlap `prepare`
         study = prepare(ctx)
         if not gpu_list:
             claim_device(ctx)  # CPU workers share this machine: refuse other hardware once, here
         study.set_user_attr(A.BUDGET, budget)
-        pool = Pool(ctx.spec.path, ctx.url, budget, workers or ctx.spec.run.workers, gpu_list)
+        pool = Pool(ctx.spec.path, ctx.url, budget, workers or ctx.spec.run.workers, gpu_list, server)
         emit(
             PhaseEvent(
                 TRIALS,

@@ -11,13 +11,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tuner.errors import TunerError
 from tuner.measure.inputs import Feed, read_feeds, save_feeds
 from tuner.store.urls import env_without_credentials
+
+if TYPE_CHECKING:
+    from tuner.worker.forkserver import Child
 
 
 def compute_reference(model_path: Path, feeds: list[Feed]) -> list[dict[str, np.ndarray]]:
@@ -42,41 +47,50 @@ def cached_reference(cache_dir: Path, key: str, model_path: Path, feeds_path: Pa
 
 
 def _run_child(model_path: Path, feeds_path: Path, out: Path, timeout_s: float) -> None:
-    """Compute the reference in a fresh process group (it writes `out` atomically); one TunerError line if it fails."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.measure.reference", str(model_path), str(feeds_path), str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env=env_without_credentials(os.environ),
-    )
-    try:
-        _, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise TunerError(
-            f"model {model_path}: the fp32 reference run with ONNX Runtime did not finish within "
-            f"{timeout_s:g} s (run.trial_timeout_s); child killed"
-        ) from None
-    except BaseException:  # Ctrl-C or SIGTERM of the command: the child goes with it
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    if proc.returncode < 0:
-        sig = -proc.returncode
+    """Compute the reference in a process group of its own (it writes `out` atomically); one TunerError line if it
+    fails. The process is forked from the study's pre-imported server where there is one (`tuner.worker.forkserver`)."""
+    from tuner.worker.forkserver import REFERENCE_MODULE, start_process
+
+    argv = [str(model_path), str(feeds_path), str(out)]
+    with tempfile.TemporaryFile() as err, open(os.devnull, "wb") as devnull:
+        proc = start_process(
+            REFERENCE_MODULE, argv, env_without_credentials(os.environ), devnull.fileno(), err.fileno()
+        )
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise TunerError(
+                f"model {model_path}: the fp32 reference run with ONNX Runtime did not finish within "
+                f"{timeout_s:g} s (run.trial_timeout_s); child killed"
+            ) from None
+        except BaseException:  # Ctrl-C or SIGTERM of the command: the child goes with it
+            _kill(proc)
+            raise
+        err.seek(0)
+        message = err.read()
+    if returncode < 0:
+        sig = -returncode
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         raise TunerError(
             f"model {model_path}: ONNX Runtime crashed ({name}) running the fp32 reference; the model cannot be tuned "
             "as it is"
         )
-    if proc.returncode != 0:
-        lines = [line for line in err.decode(errors="replace").strip().splitlines() if line.strip()]
+    if returncode != 0:
+        lines = [line for line in message.decode(errors="replace").strip().splitlines() if line.strip()]
         raise TunerError(
             f"model {model_path}: the fp32 reference run with ONNX Runtime failed: "
-            f"{lines[-1] if lines else f'exit status {proc.returncode}'}"
+            f"{lines[-1] if lines else f'exit status {returncode}'}"
         )
+
+
+def _kill(proc: Child) -> None:
+    """Kill the reference run's process group and wait for it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def load_reference(path: Path) -> list[dict[str, np.ndarray]]:

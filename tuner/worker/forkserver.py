@@ -1,37 +1,47 @@
-"""A pre-imported server that forks trial children, so a CPU trial's child starts in milliseconds.
+"""A pre-imported server that forks trial children, workers and reference runs, so each starts in milliseconds.
 
-A fresh interpreter per trial spends about a second of a core importing NumPy, ONNX Runtime and the
-tuner before it does any work. For routes whose backend allows it (`Backend.fork_safe`: nothing the
-server imports initialises a device runtime such as CUDA, which cannot be used in a forked child),
-a process that runs trials starts one server, `python -m tuner.worker.child --serve FD MODULE...`,
-that has imported `tuner.worker.child` and the backend's modules (`Backend.preload`), and asks it for
-each trial's child over a Unix socket. What a fresh child had, a forked one has too:
+A fresh interpreter spends about a second of a core importing NumPy, ONNX Runtime, Optuna,
+scikit-learn and the tuner before it does any work. For routes whose backend allows it
+(`Backend.fork_safe`: nothing the server imports initialises a device runtime such as CUDA, which
+cannot be used in a forked child), a process that runs trials starts one server,
+`python -m tuner.worker.child --serve FD MODULE...`, that has imported `tuner.worker.child` and the
+backend's modules (`Backend.preload`), and asks it for each trial's child over a Unix socket. A
+`tuner run` with CPU workers starts one such server for the whole study (`study_server`): it forks
+the workers themselves (`tuner.worker.main`) and the fp32 reference run (`tuner.measure.reference`)
+too, and each worker it forks gets a connection of its own to it, over which the worker asks for its
+trials' children: one server for the study instead of one per worker, and no worker importing what
+the server has. What a fresh process had, a forked one has too:
 
 - its own session and process group (`setsid`, before its pid is reported), so a timeout or a stop
   kills the whole group, also one that arrives while the child is being started;
 - `PR_SET_PDEATHSIG`: the server dies with the process that started it and each child with the
-  server, so a SIGKILLed worker leaves no child behind; the child's own deadline (SIGALRM) is set
-  by `tuner.worker.child.main` as before;
+  server, so a SIGKILLed starter leaves no child behind; a process whose connection to the server
+  closes (a SIGKILLed worker) has its children killed by the server; the child's own deadline
+  (SIGALRM) is set by `tuner.worker.child.main` as before;
 - the environment its starter gives it (`tuner.worker.isolate.child_env`: no credentials), with
   the starter's pid in `TUNER_STARTER_PID` (its parent is the server);
   variables read only at import time are the server's, started with the starter's environment;
-- the startup hold of the host lock (`tuner.measure.exclusive`): the starter passes the held
-  descriptor over the socket (SCM_RIGHTS) and the child inherits that open file description, as
-  it would through `Popen(pass_fds=...)`;
-- its log on stdout and stderr, stdin from /dev/null, and no other descriptor of the server;
+- one descriptor handed down over the socket (SCM_RIGHTS), named by an environment variable: the
+  startup hold of the host lock for a trial child (`tuner.measure.exclusive`), the pipe holding the
+  storage URL for a worker; the child inherits that open file description, as it would through
+  `Popen(pass_fds=...)`;
+- its stdout and stderr as given, stdin from /dev/null, and no other descriptor of the server;
 - its exit status as `Popen.returncode` gives it (negative: the signal), sent back by the server,
   which reaps it; a server that vanished reads as the child killed by SIGKILL.
-The child's process title is the command line a fresh child would have (`setproctitle`), so `ps`
-and whatever looks for trial children by command line still finds them.
+The child's process title is the command line a fresh process would have (`setproctitle`), so `ps`
+and whatever looks for trial children or workers by command line still finds them.
 
 Protocol (SOCK_SEQPACKET, one JSON message each): the server says `ready` once its imports are
-done; a request carries argv, env, cwd and title with the descriptors [reply socket, log, hold?];
-on the reply socket the server sends `{"pid": n}` after the fork and `{"rc": n}` once it reaped
-the child. The server exits when its control socket closes. `TUNER_FORK_SERVER=0` turns it off.
+done; a request carries the module to run, argv, env, cwd, title, the modules to import first and
+whether the child gets a connection of its own, with the descriptors [reply socket, stdout, stderr,
+handed-down?]; on the reply socket the server sends `{"pid": n}` after the fork and `{"rc": n}` once
+it reaped the child. The server exits when its control socket closes. `TUNER_FORK_SERVER=0` turns
+it off: every such process is a fresh interpreter.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import logging
@@ -51,14 +61,19 @@ from tuner.measure.exclusive import STARTUP_HOLD_ENV
 from tuner.worker.lifeline import PARENT_ENV, STARTER_ENV, die_with_parent
 
 log = logging.getLogger("tuner.worker")
-ENABLE_ENV = "TUNER_FORK_SERVER"  # "0": every trial child is a fresh interpreter
-# Set in the starter by a library it imports, and for a library the server does not load: a change in them alone
-# keeps the server (scikit-learn, imported by the local search's first fit, sets KMP_INIT_AT_FORK for Intel OpenMP)
-STARTER_LIBRARY_ENV = frozenset({"KMP_INIT_AT_FORK"})
+ENABLE_ENV = "TUNER_FORK_SERVER"  # "0": every trial child, worker and reference run is a fresh interpreter
+# Set in the starter by a library it runs, for itself or for a library the server does not load: a change in them alone
+# keeps the server (scikit-learn, imported by the local search's first fit, sets KMP_INIT_AT_FORK for Intel OpenMP;
+# pytest names the test it is running in PYTEST_CURRENT_TEST, in a process that runs studies through the Python API)
+STARTER_LIBRARY_ENV = frozenset({"KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST"})
 CHILD_MODULE = "tuner.worker.child"
+WORKER_MODULE = "tuner.worker.main"
+REFERENCE_MODULE = "tuner.measure.reference"
+ENTRIES = frozenset({CHILD_MODULE, WORKER_MODULE, REFERENCE_MODULE})  # a forked process runs `MODULE.main(argv)`
 READY = b"ready"
 MESSAGE_MAX = 1 << 20
 START_TIMEOUT_S = 120.0  # a server not ready by then is given up for this child (a fresh interpreter runs it)
+CLOSE_TIMEOUT_S = 10.0  # at exit, a server still running this long after its control socket closed is killed
 
 
 class Child(Protocol):
@@ -70,13 +85,13 @@ class Child(Protocol):
     def wait(self, timeout: float | None = None) -> int: ...
 
 
-def command(argv: Sequence[str]) -> list[str]:
-    """The command line of a fresh trial child with arguments `argv`."""
-    return [sys.executable, "-m", CHILD_MODULE, *argv]
+def command(argv: Sequence[str], module: str = CHILD_MODULE) -> list[str]:
+    """The command line of a fresh process running `module` with arguments `argv`."""
+    return [sys.executable, "-m", module, *argv]
 
 
 class ForkedChild:
-    """A child forked by the server; `wait` reads its exit status from the reply socket."""
+    """A process forked by the server; `wait` reads its exit status from the reply socket."""
 
     def __init__(self, pid: int, reply: socket.socket, title: str) -> None:
         self.pid, self.reply, self.title = pid, reply, title
@@ -89,7 +104,7 @@ class ForkedChild:
         self.reply.settimeout(timeout)
         try:
             message = self.reply.recv(MESSAGE_MAX)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: no wait at all (timeout 0)
             raise subprocess.TimeoutExpired(self.title, timeout or 0.0) from None
         except OSError:
             message = b""
@@ -97,13 +112,92 @@ class ForkedChild:
         self.reply.close()
         return self.returncode
 
+    def poll(self) -> int | None:
+        """The exit status if the process has ended, else None (as `Popen.poll`)."""
+        try:
+            return self.wait(timeout=0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the process unless it has been seen to end (as `Popen.send_signal`)."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
 
 class ServerGone(Exception):
     """The server did not start, or stopped answering."""
 
 
-class ForkServer:
-    """The starter's end of one server: started with `env`, having imported `preload`."""
+class Connection:
+    """One end of a connection to a server: asks it for forked processes."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+
+    def alive(self) -> bool:
+        """Whether the server may still answer."""
+        return self.control.fileno() >= 0
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_fd: int,
+        keep_fd: int | None,
+        *,
+        module: str = CHILD_MODULE,
+        err_fd: int | None = None,
+        keep_env: str = STARTUP_HOLD_ENV,
+        preload: Sequence[str] = (),
+        client: bool = False,
+    ) -> ForkedChild:
+        """Fork a process running `module.main(argv)` with `env`, its stdout to `log_fd` and stderr to `err_fd` (else
+        `log_fd`), inheriting `keep_fd` (its number in `env[keep_env]`); the server imports `preload` first; with
+        `client`, the process gets a connection of its own to the server, for its own children."""
+        title = shlex.join(command(argv, module))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {
+            "module": module,
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": os.getcwd(),
+            "title": title,
+            "keep_env": keep_env,
+            "preload": list(preload),
+            "client": client,
+        }
+        fds = [theirs.fileno(), log_fd, log_fd if err_fd is None else err_fd] + (
+            [keep_fd] if keep_fd is not None else []
+        )
+        try:
+            self.ready()
+            socket.send_fds(self.control, [json.dumps(request).encode()], fds)
+            theirs.close()
+            message = ours.recv(MESSAGE_MAX)
+        except OSError as exc:
+            ours.close()
+            raise ServerGone(f"the child server stopped answering: {exc}") from exc
+        finally:
+            theirs.close()
+        if not message:
+            ours.close()
+            raise ServerGone("the child server exited")
+        return ForkedChild(int(json.loads(message)["pid"]), ours, title)
+
+    def ready(self) -> None:
+        """Return once the server can fork (a connection handed down is ready at once)."""
+
+    def close(self) -> None:
+        """Close the connection (a server whose control socket it is exits)."""
+        self.control.close()
+
+
+class ForkServer(Connection):
+    """The starter's end of one server: started with `env`, importing `preload` (it is ready once `ready` returns)."""
 
     def __init__(self, preload: Sequence[str], env: Mapping[str, str]) -> None:
         self.preload, self.env = tuple(preload), dict(env)
@@ -119,58 +213,46 @@ class ForkServer:
             )
         finally:
             theirs.close()
-        self.control = ours
-        ours.settimeout(START_TIMEOUT_S)
-        try:
-            ready = ours.recv(MESSAGE_MAX)
-        except OSError as exc:
-            ready = str(exc).encode()
-        if ready != READY:
-            self.close()
-            raise ServerGone(f"the child server did not start ({ready.decode(errors='replace') or 'it exited'})")
-        ours.settimeout(None)
+        super().__init__(ours)
+        self._started = threading.Lock()
+        self._ready = False
+
+    def ready(self) -> None:
+        """Wait (once) until the server has done its imports; ServerGone if it does not start."""
+        with self._started:
+            if self._ready:
+                return
+            self.control.settimeout(START_TIMEOUT_S)
+            try:
+                ready = self.control.recv(MESSAGE_MAX)
+            except OSError as exc:
+                ready = str(exc).encode()
+            if ready != READY:
+                self.close()
+                raise ServerGone(f"the child server did not start ({ready.decode(errors='replace') or 'it exited'})")
+            self.control.settimeout(None)
+            self._ready = True
 
     def alive(self) -> bool:
         """The server process is still running."""
         return self.proc.poll() is None
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_fd: int, keep_fd: int | None) -> ForkedChild:
-        """Fork a child running `tuner.worker.child.main(argv)` with `env`, its output to `log_fd`, inheriting
-        `keep_fd`."""
-        title = shlex.join(command(argv))
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "title": title}
-        fds = [theirs.fileno(), log_fd] + ([keep_fd] if keep_fd is not None else [])
-        try:
-            socket.send_fds(self.control, [json.dumps(request).encode()], fds)
-            theirs.close()
-            message = ours.recv(MESSAGE_MAX)
-        except OSError as exc:
-            ours.close()
-            raise ServerGone(f"the child server stopped answering: {exc}") from exc
-        finally:
-            theirs.close()
-        if not message:
-            ours.close()
-            raise ServerGone("the child server exited")
-        return ForkedChild(int(json.loads(message)["pid"]), ours, title)
-
-    def close(self) -> None:
-        """Close the control socket (the server exits)."""
-        self.control.close()
-
 
 _SERVERS: dict[tuple[str, ...], ForkServer] = {}
 _SERVERS_LOCK = threading.Lock()
+_INHERITED: list[Connection] = []  # in a process the server forked with a connection of its own: that connection
 
 
 def enabled() -> bool:
-    """Whether trial children may be forked from a server here ($TUNER_FORK_SERVER is not 0)."""
+    """Whether processes may be forked from a server here ($TUNER_FORK_SERVER is not 0)."""
     return os.environ.get(ENABLE_ENV, "1") != "0"
 
 
-def server_for(preload: Sequence[str], env: Mapping[str, str]) -> ForkServer:
-    """This process's server for `preload`, started now with `env` if there is none alive with that environment."""
+def server_for(preload: Sequence[str], env: Mapping[str, str]) -> Connection:
+    """The server this process forks from: the one that forked it, if it handed down a connection; else this
+    process's server for `preload`, started now with `env` if there is none alive with that environment."""
+    if _INHERITED and _INHERITED[0].alive():
+        return _INHERITED[0]
     key = tuple(preload)
     with _SERVERS_LOCK:
         server = _SERVERS.get(key)
@@ -179,8 +261,48 @@ def server_for(preload: Sequence[str], env: Mapping[str, str]) -> ForkServer:
         if server is not None:
             server.close()  # one server per module set: a changed environment replaces it
             del _SERVERS[key]
+            _reap(server)
         _SERVERS[key] = server = ForkServer(preload, env)
         return server
+
+
+def started() -> Connection | None:
+    """A server this process already forks from (handed down, or the latest started and alive), if any."""
+    if _INHERITED and _INHERITED[0].alive():
+        return _INHERITED[0]
+    with _SERVERS_LOCK:
+        return next((s for s in reversed(_SERVERS.values()) if s.alive()), None)
+
+
+def forget(server: Connection) -> None:
+    """Stop using `server` (it did not answer): later processes start another or run as fresh interpreters."""
+    with _SERVERS_LOCK:
+        for key in [k for k, s in _SERVERS.items() if s is server]:
+            del _SERVERS[key]
+    if server in _INHERITED:
+        _INHERITED.clear()
+    server.close()
+
+
+@atexit.register
+def _close_servers() -> None:
+    """At this process's exit: close its servers and wait for them, so that they (and what they forked) end before it
+    does and their CPU time is counted as its children's."""
+    with _SERVERS_LOCK:
+        servers = list(_SERVERS.values())
+        _SERVERS.clear()
+    for server in servers:
+        server.close()
+        _reap(server)
+
+
+def _reap(server: ForkServer) -> None:
+    """Wait for a closed server to exit (killing it after CLOSE_TIMEOUT_S)."""
+    try:
+        server.proc.wait(timeout=CLOSE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
 
 
 def _same(started_with: Mapping[str, str], env: Mapping[str, str]) -> bool:
@@ -205,13 +327,12 @@ def start_child(
     once and the child runs as a fresh interpreter.
     """
     if preload is not None and enabled():
+        server = server_for(preload, server_env)
         try:
-            server = server_for(preload, server_env)
-            return server.spawn(argv, env, log_fd, keep_fd)
+            return server.spawn(argv, env, log_fd, keep_fd, preload=preload)
         except ServerGone as exc:
             log.warning("%s; this trial's child is a fresh interpreter", exc)
-            with _SERVERS_LOCK:
-                _SERVERS.pop(tuple(preload), None)
+            forget(server)
     return subprocess.Popen(
         command(argv),
         stdout=log_fd,
@@ -223,56 +344,116 @@ def start_child(
     )
 
 
+def start_process(module: str, argv: Sequence[str], env: Mapping[str, str], out_fd: int, err_fd: int) -> Child:
+    """Start `module` with `argv` in a session of its own: forked from the server this process already forks from
+    (`started`), else a fresh interpreter."""
+    server = started() if enabled() else None
+    if server is not None:
+        try:
+            return server.spawn(argv, env, out_fd, None, module=module, err_fd=err_fd)
+        except ServerGone as exc:
+            log.warning("%s; %s runs as a fresh interpreter", exc, module)
+            forget(server)
+    return subprocess.Popen(
+        command(argv, module),
+        stdout=out_fd,
+        stderr=err_fd,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(env),
+    )
+
+
 # -- the server's side ------------------------------------------------------------------------------
 
 
 def serve(control_fd: int, preload: Sequence[str]) -> int:
-    """The server's loop: import `preload`, then fork a child per request and report how each ended."""
+    """The server's loop: import `preload`, then fork a process per request and report how each ended.
+
+    The control socket is the starter's connection; a process forked with a connection of its own asks
+    over it too. When the control socket closes, every child is killed and the server exits; when another
+    connection closes (its process ended or was killed), the children it asked for are killed.
+    """
     die_with_parent(signal.SIGKILL)
     for name in (CHILD_MODULE, "setproctitle", *preload):
         importlib.import_module(name)
     control = socket.socket(fileno=control_fd)
-    control.send(READY)
+    try:
+        control.send(READY)
+    except OSError:
+        return 0  # the starter closed the server before it was ready (it ended, or has no more use for it)
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
     children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, reply socket)
+    asked: dict[socket.socket, set[int]] = {control: set()}  # connection -> pids of the children it asked for
     while True:
         for key, _ in selector.select():
-            if key.fileobj is control:
-                message, fds, _, _ = socket.recv_fds(control, MESSAGE_MAX, 3)
-                if not message:
+            if isinstance(key.fileobj, socket.socket):
+                connection = key.fileobj
+                message, fds, _, _ = socket.recv_fds(connection, MESSAGE_MAX, 4)
+                if not message and connection is control:
                     _end(children)
                     return 0
-                pidfd, pid, reply = _fork(json.loads(message), fds)
+                if not message:
+                    selector.unregister(connection)
+                    _kill(asked.pop(connection))
+                    connection.close()
+                    continue
+                pidfd, pid, reply, own = _fork(json.loads(message), fds)
                 children[pidfd] = (pid, reply)
+                asked[connection].add(pid)
                 selector.register(pidfd, selectors.EVENT_READ)
+                if own is not None:
+                    asked[own] = set()
+                    selector.register(own, selectors.EVENT_READ)
             else:
-                pidfd = int(key.fd)
+                pidfd = int(key.fileobj)
                 selector.unregister(pidfd)
                 pid, reply = children.pop(pidfd)
                 _report(reply, {"rc": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])})
                 os.close(pidfd)
+                for pids in asked.values():
+                    pids.discard(pid)
 
 
-def _fork(request: dict[str, Any], fds: list[int]) -> tuple[int, int, socket.socket]:
-    """Fork the requested child; (its pidfd, its pid, the reply socket) once it is told the pid."""
-    reply, log_fd, keep_fd = socket.socket(fileno=fds[0]), fds[1], (fds[2] if len(fds) > 2 else None)
+def _fork(request: dict[str, Any], fds: list[int]) -> tuple[int, int, socket.socket, socket.socket | None]:
+    """Fork the requested process; (its pidfd, its pid, the reply socket, the server's end of its own connection or
+    None) once it is told the pid."""
+    reply, out_fd, err_fd, keep_fd = socket.socket(fileno=fds[0]), fds[1], fds[2], (fds[3] if len(fds) > 3 else None)
+    for name in request.get("preload", ()):
+        _import(name)
+    own, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if request.get("client") else (None, None)
     sys.stdout.flush()
     sys.stderr.flush()
     started, announce = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(started)
-        _become_child(request, log_fd, keep_fd, announce)
+        if own is not None:
+            own.close()
+        _become_child(request, out_fd, err_fd, keep_fd, theirs, announce)
     os.close(announce)
+    if theirs is not None:
+        theirs.close()
     os.read(started, 1)  # the child leads its own process group now (or died): a kill of the group reaches it
     os.close(started)
-    os.close(log_fd)
+    for fd in {out_fd, err_fd}:
+        os.close(fd)
     if keep_fd is not None:
         os.close(keep_fd)  # the child holds it now
     pidfd = os.pidfd_open(pid)
     _report(reply, {"pid": pid})
-    return pidfd, pid, reply
+    return pidfd, pid, reply, own
+
+
+def _import(name: str) -> None:
+    """Import `name` into the server, for every process it forks later; a module that fails to import is left to the
+    child, which fails on it as a fresh interpreter would."""
+    if name not in sys.modules:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            log.debug("the server could not import %s", name, exc_info=True)
 
 
 def _report(reply: socket.socket, message: dict[str, int]) -> None:
@@ -284,20 +465,33 @@ def _report(reply: socket.socket, message: dict[str, int]) -> None:
         reply.close()
 
 
-def _end(children: dict[int, tuple[int, socket.socket]]) -> None:
-    """The starter closed the control socket: its children have nobody left to report to."""
-    for pid, _ in children.values():
+def _kill(pids: set[int]) -> None:
+    """Kill the process groups of `pids` (their reports follow as they are reaped)."""
+    for pid in pids:
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _end(children: dict[int, tuple[int, socket.socket]]) -> None:
+    """The starter closed the control socket: its children have nobody left to report to."""
+    _kill({pid for pid, _ in children.values()})
+    for pid, _ in children.values():
         os.waitpid(pid, 0)
 
 
-def _become_child(request: dict[str, Any], log_fd: int, keep_fd: int | None, announce: int) -> NoReturn:
-    """In the forked child: become what `python -m tuner.worker.child ARGV` would be, run it, exit.
+def _become_child(
+    request: dict[str, Any],
+    out_fd: int,
+    err_fd: int,
+    keep_fd: int | None,
+    connection: socket.socket | None,
+    announce: int,
+) -> NoReturn:
+    """In the forked process: become what `python -m MODULE ARGV` would be, run it, exit.
 
-    `announce` is closed once the child leads its own session, before the server tells the starter its pid.
+    `announce` is closed once the process leads its own session, before the server tells the starter its pid.
     """
     rc = 1
     try:
@@ -309,21 +503,24 @@ def _become_child(request: dict[str, Any], log_fd: int, keep_fd: int | None, ann
         setproctitle.setproctitle(request["title"])
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        keep = keep_fd if keep_fd is not None else 2
-        os.closerange(3, keep)  # nothing of the server's: its sockets, other children's descriptors
-        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        kept = {fd for fd in (keep_fd, connection.fileno() if connection is not None else None) if fd is not None}
+        _close_all_but(kept)  # nothing of the server's: its sockets, other children's descriptors
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update({**request["env"], PARENT_ENV: str(server), STARTER_ENV: request["env"].get(PARENT_ENV, "")})
-        os.environ.pop(STARTUP_HOLD_ENV, None)
+        keep_env = request.get("keep_env", STARTUP_HOLD_ENV)
+        os.environ.pop(keep_env, None)
         if keep_fd is not None:
-            os.environ[STARTUP_HOLD_ENV] = str(keep_fd)
+            os.environ[keep_env] = str(keep_fd)
+        if connection is not None:
+            _INHERITED[:] = [Connection(connection)]
         _reseed()
-        rc = importlib.import_module(CHILD_MODULE).main(
-            list(request["argv"])
-        )  # by name: the child module starts this server
+        module = request.get("module", CHILD_MODULE)
+        if module not in ENTRIES:
+            raise ValueError(f"not a process the server starts: {module}")
+        rc = importlib.import_module(module).main(list(request["argv"]))
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int | None):
@@ -337,6 +534,15 @@ def _become_child(request: dict[str, Any], log_fd: int, keep_fd: int | None, ann
             except (OSError, ValueError):
                 pass
         os._exit(rc)
+
+
+def _close_all_but(kept: set[int]) -> None:
+    """Close every descriptor from 3 up but those in `kept`."""
+    low = 3
+    for fd in sorted(kept):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
 def _reseed() -> None:

@@ -25,7 +25,7 @@ from tuner.measure.exclusive import HOST, STARTUP_HOLD_ENV, DeviceLock, LockWait
 from tuner.store.urls import env_without_credentials
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.forkserver import Child, start_child
-from tuner.worker.lifeline import PARENT_ENV
+from tuner.worker.lifeline import PARENT_ENV, STARTER_ENV
 
 
 class ChildHandle:
@@ -56,9 +56,10 @@ def _killpg(pid: int) -> None:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a trial's child: ours without credentials (it never talks to the database), plus `extra` and
-    our pid."""
-    return {**env_without_credentials(os.environ), **(extra or {}), PARENT_ENV: str(os.getpid())}
+    """The environment of a trial's child: ours without credentials (it never talks to the database) and without the
+    pid of whoever asked for this process (a forked child gets its own starter's), plus `extra` and our pid."""
+    env = {k: v for k, v in env_without_credentials(os.environ).items() if k != STARTER_ENV}
+    return {**env, **(extra or {}), PARENT_ENV: str(os.getpid())}
 
 
 def run_isolated(
