@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SpecWriter
-from tests.helpers import wait_for_file
+from tests.helpers import start_tuner, wait_for_file
 from tuner import job as J
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
 from tuner.spec import load_spec
@@ -184,3 +184,42 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["study-server", "fresh-interpreters"])
+def test_a_runs_workers_come_from_its_server_and_a_sigkilled_ones_child_is_gone_within_5_s(
+    forked: bool, write_spec: SpecWriter, sqlite_url: str, tmp_path: Path
+) -> None:
+    """`tuner run` forks its CPU workers, and they their trials' children, from one server of the run's own
+    ($TUNER_FORK_SERVER=0: fresh interpreters, each child the worker's); either way a SIGKILLed worker's child is
+    killed with it, the run says a worker died and leaves no process behind."""
+    markers = tmp_path / "markers"
+    spec = write_spec(
+        **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "orphan"}}}
+    )
+    env = {} if forked else {forkserver.ENABLE_ENV: "0"}
+    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", sqlite_url, log=tmp_path / "run.log", env=env)
+    child = 0
+    try:
+        wait_for_file(markers / "orphan-0", proc)
+        child, worker = map(int, (markers / "orphan-0").read_text().split())
+        assert b"tuner.worker.main" in Path(f"/proc/{worker}/cmdline").read_bytes()
+        server = _parent_of(worker)
+        if forked:
+            assert server != proc.pid and _parent_of(server) == proc.pid and _parent_of(child) == server
+            assert b"--serve" in Path(f"/proc/{server}/cmdline").read_bytes()
+        else:
+            assert server == proc.pid and _parent_of(child) == worker
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child), "the trial's child outlived its SIGKILLed worker by 5 s"
+        assert proc.wait(timeout=120) == 3, (tmp_path / "run.log").read_text()[-3000:]
+        assert not _running(server) or server == proc.pid, "the run's server outlived it"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if child and _running(child):
+            os.kill(child, signal.SIGKILL)
