@@ -6,8 +6,9 @@
    kept out of `onnxruntime.tools`) and with that step switched off, so that `onnxruntime.tools`
    imports torch as it did before (what every `tuner run` with int8 routes paid).
 2. **suite**: the documented test command (`make test`) (`pytest -q -n N --dist loadgroup`, N from `--workers`, 0 =
-   one process), command start to end, with the CPU time of all its processes, the load average
-   before and after, and pytest's summary line.
+   one process), command start to end, with the CPU time of all its processes (this process is their
+   subreaper: one its parent left behind, such as a server left to die with its starter, is waited for
+   here and counted too), the load average before and after, and pytest's summary line.
 
 3. **then and now** (`--against COMMIT`): that commit's own test command (one process, as its Makefile
    ran it) in a temporary worktree of it, and today's test command on the tests that existed then
@@ -30,11 +31,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import platform
 import re
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -158,6 +162,7 @@ def startup(repeats: int) -> dict[str, Any]:
 
 
 MAKE_TEST_WORKERS = 3  # the pytest-xdist workers of `make test` (Makefile)
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def pytest_command(workers: int) -> list[str]:
@@ -175,6 +180,7 @@ def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_na
     t0 = time.monotonic()
     run = subprocess.run(cmd + (tests or []), cwd=cwd, capture_output=True, text=True)
     wall = time.monotonic() - t0
+    orphans = reap_orphans()
     end = resource.getrusage(resource.RUSAGE_CHILDREN)
     LOG.with_name(f"{LOG.name}-{log_name or workers}").write_text(run.stdout + run.stderr)
     summary = [line for line in run.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
@@ -184,12 +190,52 @@ def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_na
         "exit": run.returncode,
         "wall_s": round(wall, 1),
         "cpu_s": round((end.ru_utime - start.ru_utime) + (end.ru_stime - start.ru_stime), 1),
+        "orphans_reaped": orphans,
         "summary": summary[-1].strip("= ") if summary else run.stdout[-500:],
         "failed": [line.split()[1] for line in run.stdout.splitlines() if line.startswith("FAILED ")],
         "before": before,
         "after": machine(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+
+
+def adopt_orphans() -> None:
+    """Make this process the subreaper of what it starts (Linux `PR_SET_CHILD_SUBREAPER`): a process its parent leaves
+    behind (a server left to die with its starter) is re-parented here, not to init, so `reap_orphans` waits for it
+    and its CPU time is counted as this process's children's."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def reap_orphans(limit_s: float = 60.0) -> int:
+    """Wait for the processes re-parented here (`adopt_orphans`) after the run (killing what is left after `limit_s`);
+    how many there were."""
+    reaped, deadline = 0, time.monotonic() + limit_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid:
+            reaped += 1
+        elif time.monotonic() > deadline:
+            for child in _children():
+                os.kill(child, signal.SIGKILL)
+        else:
+            time.sleep(0.1)
+
+
+def _children() -> list[int]:
+    """The pids of this process's children (from /proc)."""
+    me, found = str(os.getpid()), []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def collected(cwd: Path) -> list[str]:
@@ -292,6 +338,7 @@ def main() -> None:
         "--deselect", nargs="*", default=[], metavar="TEST_FUNCTION", help="with --against: left out on both sides"
     )
     args = parser.parse_args()
+    adopt_orphans()
     doc = json.loads(OUT.read_text()) if OUT.exists() else {"runs": {}}
     key = commit()
     if args.against:
