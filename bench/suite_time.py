@@ -38,7 +38,6 @@ import os
 import platform
 import re
 import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -178,12 +177,15 @@ def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_na
     cmd = pytest_command(workers)
     start = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    run = subprocess.run(cmd + (tests or []), cwd=cwd, capture_output=True, text=True)
+    log = LOG.with_name(f"{LOG.name}-{log_name or workers}")
+    with open(log, "wb") as out:
+        run = subprocess.Popen(cmd + (tests or []), cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        orphans = reap_orphans_while(run)
     wall = time.monotonic() - t0
-    orphans = reap_orphans()
+    orphans += reap_orphans()
     end = resource.getrusage(resource.RUSAGE_CHILDREN)
-    LOG.with_name(f"{LOG.name}-{log_name or workers}").write_text(run.stdout + run.stderr)
-    summary = [line for line in run.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    stdout = log.read_text(errors="replace")
+    summary = [line for line in stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     return {
         "command": " ".join(["python"] + cmd[1:] + ([f"<{len(tests)} node ids>"] if tests else [])),
         "workers": workers,
@@ -191,8 +193,8 @@ def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_na
         "wall_s": round(wall, 1),
         "cpu_s": round((end.ru_utime - start.ru_utime) + (end.ru_stime - start.ru_stime), 1),
         "orphans_reaped": orphans,
-        "summary": summary[-1].strip("= ") if summary else run.stdout[-500:],
-        "failed": [line.split()[1] for line in run.stdout.splitlines() if line.startswith("FAILED ")],
+        "summary": summary[-1].strip("= ") if summary else stdout[-500:],
+        "failed": [line.split()[1] for line in stdout.splitlines() if line.startswith("FAILED ")],
         "before": before,
         "after": machine(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -208,34 +210,37 @@ def adopt_orphans() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def reap_orphans(limit_s: float = 60.0) -> int:
-    """Wait for the processes re-parented here (`adopt_orphans`) after the run (killing what is left after `limit_s`);
-    how many there were."""
-    reaped, deadline = 0, time.monotonic() + limit_s
-    while True:
+def reap_orphans_while(proc: subprocess.Popen[bytes]) -> int:
+    """Reap the processes re-parented here (`adopt_orphans`) as they end, while `proc` runs (a test that watches a
+    killed process vanish must not find it a zombie waiting for this process); how many there were."""
+    reaped = 0
+    while proc.poll() is None:
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            ended = None
+        if ended is not None and ended.si_pid != proc.pid:
+            os.waitpid(ended.si_pid, 0)
+            reaped += 1
+        else:
+            time.sleep(0.05)
+    return reaped
+
+
+def reap_orphans(grace_s: float = 15.0) -> int:
+    """After the run: wait up to `grace_s` for the processes re-parented here (`adopt_orphans`) that are ending (a
+    server dies with its starter); a daemon the run restarted (PostgreSQL) is left running. How many were reaped."""
+    reaped, deadline = 0, time.monotonic() + grace_s
+    while time.monotonic() < deadline:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return reaped
+            break
         if pid:
             reaped += 1
-        elif time.monotonic() > deadline:
-            for child in _children():
-                os.kill(child, signal.SIGKILL)
         else:
             time.sleep(0.1)
-
-
-def _children() -> list[int]:
-    """The pids of this process's children (from /proc)."""
-    me, found = str(os.getpid()), []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return reaped
 
 
 def collected(cwd: Path) -> list[str]:
