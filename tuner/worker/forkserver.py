@@ -237,6 +237,10 @@ class ForkServer(Connection):
         """The server process is still running."""
         return self.proc.poll() is None
 
+    def is_ready(self) -> bool:
+        """Whether the server was seen ready (`ready` returned)."""
+        return self._ready
+
 
 _SERVERS: dict[tuple[str, ...], ForkServer] = {}
 _SERVERS_LOCK = threading.Lock()
@@ -297,7 +301,10 @@ def _close_servers() -> None:
 
 
 def _reap(server: ForkServer) -> None:
-    """Wait for a closed server to exit (killing it after CLOSE_TIMEOUT_S)."""
+    """Wait for a closed server to exit (killing it after CLOSE_TIMEOUT_S, or at once if it never became ready: its
+    imports would only hold up the exit of a command that stopped early, on bad input)."""
+    if not server.is_ready():
+        server.proc.kill()
     try:
         server.proc.wait(timeout=CLOSE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
