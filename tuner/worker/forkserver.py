@@ -333,31 +333,31 @@ def start_child(
     `server_env` the environment a server is started with. A server that cannot be used is reported
     once and the child runs as a fresh interpreter.
     """
-    if preload is not None and enabled():
-        server = server_for(preload, server_env)
-        try:
-            return server.spawn(argv, env, log_fd, keep_fd, preload=preload)
-        except ServerGone as exc:
-            log.warning("%s; this trial's child is a fresh interpreter", exc)
-            forget(server)
-    return subprocess.Popen(
-        command(argv),
-        stdout=log_fd,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        pass_fds=(keep_fd,) if keep_fd is not None else (),
-        env=dict(env),
-    )
+    server = server_for(preload, server_env) if preload is not None and enabled() else None
+    return _fork_or_start(server, CHILD_MODULE, argv, env, log_fd, log_fd, keep_fd, preload or ())
 
 
 def start_process(module: str, argv: Sequence[str], env: Mapping[str, str], out_fd: int, err_fd: int) -> Child:
     """Start `module` with `argv` in a session of its own: forked from the server this process already forks from
     (`started`), else a fresh interpreter."""
-    server = started() if enabled() else None
+    return _fork_or_start(started() if enabled() else None, module, argv, env, out_fd, err_fd, None, ())
+
+
+def _fork_or_start(
+    server: Connection | None,
+    module: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    out_fd: int,
+    err_fd: int,
+    keep_fd: int | None,
+    preload: Sequence[str],
+) -> Child:
+    """`module` with `argv` in a session of its own: forked from `server`, else (none, or it does not answer: said
+    once) a fresh interpreter."""
     if server is not None:
         try:
-            return server.spawn(argv, env, out_fd, None, module=module, err_fd=err_fd)
+            return server.spawn(argv, env, out_fd, keep_fd, module=module, err_fd=err_fd, preload=preload)
         except ServerGone as exc:
             log.warning("%s; %s runs as a fresh interpreter", exc, module)
             forget(server)
@@ -367,6 +367,7 @@ def start_process(module: str, argv: Sequence[str], env: Mapping[str, str], out_
         stderr=err_fd,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
+        pass_fds=(keep_fd,) if keep_fd is not None else (),
         env=dict(env),
     )
 
