@@ -18,7 +18,10 @@ Rounds run one after another and stop as soon as the verdict cannot change (`dec
 leader's interval lies above MIN_SPEEDUP and clear of every other candidate's; or it lies above
 MIN_SPEEDUP and so does that of every candidate not clear of it, each with an estimate within TIE of
 the leader's (a tie: whichever of them is used, its speedup is confirmed and it is at most about TIE
-slower; the leader is named, the others beside it); or every candidate's lies below
+slower; the leader is named, the others beside it); or it lies above MIN_SPEEDUP and the cap cannot
+tell the leader from any candidate not clear of it (`unbreakable`: were the estimates to stay where
+they are, the intervals the cap's processes would give still overlap, so the rounds left can only
+confirm the leader's win, which is confirmed already); or every candidate's lies below
 MIN_SPEEDUP (none can become a win); else at the cap (`rounds`, default DEFAULT_ROUNDS), after at
 least MIN_ROUNDS. A candidate that can no longer be the answer (its interval below another's, or
 below MIN_SPEEDUP) is not measured again (`settled`). Looking
@@ -53,6 +56,7 @@ Every finished process is reported to `on_round` as a `RoundEvent`, as it happen
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import statistics
 import time
@@ -70,7 +74,7 @@ from tuner import job as J
 from tuner.errors import TunerError
 from tuner.measure.pooling import Pooled, ShapePools, median_finite
 from tuner.measure.shapes import per_shape
-from tuner.measure.speedup import Speedup
+from tuner.measure.speedup import Speedup, student_t_quantile
 from tuner.space import canonical_route
 from tuner.store.cache import ResultStore, measurement_row, new_run_id
 from tuner.store.db import confirmation_lock, db_now
@@ -182,8 +186,27 @@ def near_tie(standings: Mapping[int, Speedup]) -> list[int]:
     return [n for n, s in standings.items() if s.low > 1.0]
 
 
-def decided(standings: Mapping[int, Speedup]) -> str:
-    """Why the verdict can no longer change (one phrase), or "" while it can."""
+def halfwidth_at_cap(s: Speedup, processes: int, cap: int) -> float:
+    """The half-width (in log) of the interval `cap` processes would give if they spread as the `processes` so far:
+    the standard error shrinks with the square root of their number and the t quantile with their degrees of
+    freedom."""
+    if processes < 2 or cap <= processes:
+        return math.log(s.high / s.low) / 2
+    p = 0.5 + s.confidence / 2
+    shrink = math.sqrt(processes / cap) * student_t_quantile(p, cap - 1) / student_t_quantile(p, processes - 1)
+    return math.log(s.high / s.low) / 2 * shrink
+
+
+def unbreakable(best: Speedup, best_processes: int, other: Speedup, other_processes: int, cap: int) -> bool:
+    """Whether the cap cannot tell `other` from the leader `best` (each pooled over so many processes): with the
+    estimates where they are, the intervals of `cap` processes each would still overlap."""
+    reach = halfwidth_at_cap(best, best_processes, cap) + halfwidth_at_cap(other, other_processes, cap)
+    return math.log(best.estimate / other.estimate) < reach
+
+
+def decided(standings: Mapping[int, Speedup], processes: Mapping[int, int] | None = None, cap: int = 0) -> str:
+    """Why the verdict can no longer change (one phrase), or "" while it can; `processes` (pooled per candidate) and
+    the `cap` tell whether the rounds left could still tell the leader from a close candidate (`unbreakable`)."""
     if not standings:
         return ""
     leader, best = max(standings.items(), key=lambda item: item[1].estimate)
@@ -192,11 +215,20 @@ def decided(standings: Mapping[int, Speedup]) -> str:
         return f"trial {leader} is faster than the default route" + (
             " and than every other candidate" if len(standings) > 1 else ""
         )
+    tied = ", ".join(str(n) for n in close)
     if is_win(best) and all(is_win(standings[n]) and standings[n].estimate * (1 + TIE) >= best.estimate for n in close):
-        tied = ", ".join(str(n) for n in close)
         return (
             f"trial {leader} is faster than the default route, and so is every candidate that cannot be told apart "
             f"from it, each within {TIE:.0%} of its estimate (trial {tied})"
+        )
+    if (
+        is_win(best)
+        and processes
+        and all(unbreakable(best, processes[leader], standings[n], processes[n], cap) for n in close)
+    ):
+        return (
+            f"trial {leader} is faster than the default route; {cap} rounds could not tell it apart from trial "
+            f"{tied} at these estimates"
         )
     if all(s.slower for s in standings.values()):
         return "every candidate is slower than the default route"
@@ -426,7 +458,8 @@ def run_rounds(
             own, contended = _add(c, measure(c.trial, r), statistic)
             standings = {k.trial.number: s for k in candidates if not k.failure and (s := k.pooled(level)) is not None}
             ready = c is order[-1] and all(len(k.log_ratios) >= MIN_ROUNDS for k in candidates if not k.failure)
-            why = decided(standings) if ready and r + 1 in looks_at else ""
+            pooled = {k.trial.number: len(k.log_ratios) for k in candidates}
+            why = decided(standings, pooled, limit) if ready and r + 1 in looks_at else ""
             report(RoundEvent(r + 1, limit, c.trial.number, own, contended, c.failure, standings, why))
             if why:
                 return "decided"
