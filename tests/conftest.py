@@ -14,6 +14,7 @@ from typing import Any
 import psycopg2
 import pytest
 
+from tests.helpers import cli_in_process
 from tests.models import conv_model
 
 PG_ADMIN = os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -229,3 +230,22 @@ def tuner(
         env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)},
         cwd=cwd or REPO,
     )
+
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """The real `tuner` entry point run in this process, as `tuner(...)` runs it in a new one: its exit status and
+    output as a CompletedProcess; `env` adds to the environment, `cwd` is the folder it runs in. For commands that
+    read and print (`best`, `status`, `trials`, ...): a new process spends about a second of CPU starting up."""
+
+    def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        with monkeypatch.context() as scoped:
+            for name, value in (env or {}).items():
+                scoped.setenv(name, value)
+            scoped.chdir(cwd or REPO)
+            return cli_in_process(capsys, scoped, *args)
+
+    return run

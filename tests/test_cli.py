@@ -25,11 +25,11 @@ SAME_SPEED = {  # two routes that differ only in the memory arena: both feasible
 }
 
 
-def test_help_and_version() -> None:
+def test_help_and_version(cli) -> None:
     for args in (["-h"], ["--help"], ["run", "-h"], ["trials", "-h"]):
-        shown = tuner(*args)
+        shown = cli(*args)
         assert shown.returncode == 0 and "Usage" in shown.stdout, (args, shown.stderr)
-    version = tuner("--version")
+    version = cli("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"route-tuner {__version__}"
 
 
@@ -40,7 +40,7 @@ def test_the_latency_line_leaves_out_what_was_not_measured() -> None:
     assert latency_line(unpaired) == "  trial 1: no latency measured in the study"
 
 
-def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them(write_spec, sqlite_url) -> None:
+def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them(cli, write_spec, sqlite_url) -> None:
     spec = write_spec(**{"run.budget": 3, "backend.space": TWO_ROUTES})
     run = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")  # stderr is a pipe, not a terminal
     assert run.returncode == 0, run.stderr
@@ -48,12 +48,12 @@ def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them
     assert [line.split()[1] for line in lines] == ["0", "1", "2"], run.stderr
     assert lines[0].startswith("trial 0 [default route]: feasible") and "(1/3" in lines[0], lines[0]
     assert all("\x1b" not in line for line in run.stderr.splitlines())  # no terminal codes in a log
-    rows = json.loads(tuner("trials", str(spec), "--storage", sqlite_url, "--json").stdout)
+    rows = json.loads(cli("trials", str(spec), "--storage", sqlite_url, "--json").stdout)
     assert [r["number"] for r in rows] == [0, 1, 2] and rows[0]["outcome"] == "feasible"
     assert set(rows[0]) >= {"state", "outcome", "route", "changes", "value", "speedup", "message"}
-    failed = json.loads(tuner("trials", str(spec), "--storage", sqlite_url, "--json", "--failed").stdout)
+    failed = json.loads(cli("trials", str(spec), "--storage", sqlite_url, "--json", "--failed").stdout)
     assert [r["number"] for r in failed] == [r["number"] for r in rows if r["outcome"] != "feasible"]
-    plan = json.loads(tuner("gc", str(spec), "--storage", sqlite_url, "--json").stdout)
+    plan = json.loads(cli("gc", str(spec), "--storage", sqlite_url, "--json").stdout)
     assert plan["study"] == "tiny" and plan["removed"] is False and "0" in plan["kept"]
     more = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--trials", "4", "--log-format", "json")
     assert more.returncode == 0, more.stderr
@@ -62,14 +62,14 @@ def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them
     assert {e["event"] for e in events} == {"trial", "phase"}
 
 
-def test_a_second_run_of_a_confirmed_study_does_not_confirm_again(write_spec, sqlite_url) -> None:
+def test_a_second_run_of_a_confirmed_study_does_not_confirm_again(cli, write_spec, sqlite_url) -> None:
     spec = write_spec(**{"run.budget": 2, "run.racing": False, "backend.space": SAME_SPEED})
     args = ("run", str(spec), "--storage", sqlite_url, "--confirm-top-k", "1", "--confirm-rounds", "3")
     first = tuner(*args)
     assert first.returncode == 0, first.stderr
     assert "confirm round 1/3" in first.stderr, first.stderr  # the confirmation shows its rounds
-    confirmed = json.loads(tuner("best", str(spec), "--storage", sqlite_url, "--json").stdout)["confirmation"]
-    status = json.loads(tuner("status", str(spec), "--storage", sqlite_url, "--json").stdout)
+    confirmed = json.loads(cli("best", str(spec), "--storage", sqlite_url, "--json").stdout)["confirmation"]
+    status = json.loads(cli("status", str(spec), "--storage", sqlite_url, "--json").stdout)
     assert status["confirm_s"] > 0 and status["elapsed_s"] >= status["confirm_s"]  # counted in the elapsed time
     again = tuner(*args, "--json")
     assert again.returncode == 0, again.stderr
@@ -80,10 +80,10 @@ def test_a_second_run_of_a_confirmed_study_does_not_confirm_again(write_spec, sq
     assert json.loads(forced.stdout)["confirmation"]["id"] != confirmed["id"]
 
 
-def test_read_only_commands_leave_no_file_behind(write_spec, tmp_path: Path) -> None:
+def test_read_only_commands_leave_no_file_behind(cli, write_spec, tmp_path: Path) -> None:
     spec = write_spec(**{"backend.space": {"precision": ["fp32", "int8_static"]}})  # int8: a prepared model
     before = sorted(tmp_path.rglob("*"))
-    listed = tuner("space", str(spec), "--json")
+    listed = cli("space", str(spec), "--json")
     assert listed.returncode == 0, listed.stderr
     doc = json.loads(listed.stdout)
     assert doc["routes"] > 1 and doc["preparation"], doc

@@ -14,7 +14,7 @@ from tests.helpers import start_tuner, status, trials, wait_for_file
 FAULT = "tests.backends:FaultBackend"
 
 
-def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(write_spec, pg_url, tmp_path: Path) -> None:
+def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(cli, write_spec, pg_url, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     spec = write_spec(
         **{
@@ -39,7 +39,7 @@ def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(write_spec, pg_u
     retries = [t for t in ts if t.user_attrs.get("retry_of") == killed[0].number]
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
     assert retries[0].params == killed[0].system_attrs["fixed_params"]  # the baseline route, re-run
-    s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
+    s = status(cli("status", str(spec), "--storage", pg_url, "--json"))
     assert s["complete"] + s["pruned"] + s["failed"] == 6
     assert s["running"] == 0 and s["requeued"] == 1
 
@@ -78,7 +78,9 @@ def test_three_workers_end_at_exactly_the_budget(write_spec, pg_url) -> None:
     assert len(trials(pg_url, "tiny")) == 9
 
 
-def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(write_spec, sqlite_url, tmp_path: Path) -> None:
+def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(
+    cli, write_spec, sqlite_url, tmp_path: Path
+) -> None:
     markers = tmp_path / "markers"
     spec = write_spec(
         **{
@@ -101,7 +103,7 @@ def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(write_spec
     assert len(waiting) == 1 and waiting[0].user_attrs["retry_of"] == interrupted[0].number
     (markers / "release").write_text("")
     run_study(spec, sqlite_url)
-    s = status(tuner("status", str(spec), "--storage", sqlite_url, "--json"))
+    s = status(cli("status", str(spec), "--storage", sqlite_url, "--json"))
     assert s["complete"] + s["pruned"] + s["failed"] == 3 and s["waiting"] == 0
 
 

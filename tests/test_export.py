@@ -16,7 +16,7 @@ import numpy as np
 import optuna
 import pytest
 
-from tests.conftest import REPO, run_study, tuner
+from tests.conftest import REPO, run_study
 from tests.helpers import trials
 from tuner.backends.onnxruntime.session import session_settings
 from tuner.store.urls import normalize_url
@@ -56,12 +56,12 @@ def study_with_two_routes(write_spec, sqlite_url):
 
 
 def test_the_onnxruntime_export_runs_alone_in_the_session_it_was_timed_with(
-    study_with_two_routes, tmp_path: Path
+    cli, study_with_two_routes, tmp_path: Path
 ) -> None:
     spec, url = study_with_two_routes
     chosen = next(t for t in trials(url, "tiny") if t.params["intra_op_threads"] == 1)
     out = tmp_path / "export"
-    result = tuner("best", str(spec), "--storage", url, "--export", str(out), "--trial", str(chosen.number))
+    result = cli("best", str(spec), "--storage", url, "--export", str(out), "--trial", str(chosen.number))
     assert result.returncode == 0, result.stderr
     assert {p.name for p in out.iterdir()} == NATIVE and not list(tmp_path.glob(".export.*"))  # no staging left behind
 
@@ -95,7 +95,7 @@ def test_the_onnxruntime_export_runs_alone_in_the_session_it_was_timed_with(
     )
     script = (out / "reproduce.sh").read_text()
     assert 'cd "$(dirname "$0")"' in script and "pip install onnxruntime==" in script and str(tmp_path) not in script
-    best = tuner("best", str(spec), "--storage", url)  # plain: the verdict's route by what it changes, in words
+    best = cli("best", str(spec), "--storage", url)  # plain: the verdict's route by what it changes, in words
     assert (
         best.returncode == 0 and "provider=cpu" not in best.stdout and "changes from the default route:" in best.stdout
     )
@@ -103,7 +103,7 @@ def test_the_onnxruntime_export_runs_alone_in_the_session_it_was_timed_with(
 
 
 def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half_written(
-    study_with_two_routes, tmp_path: Path
+    cli, study_with_two_routes, tmp_path: Path
 ) -> None:
     spec, url = study_with_two_routes
     elsewhere = tmp_path / "elsewhere"
@@ -113,7 +113,7 @@ def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half
 
     linked = tmp_path / "linked"
     linked.symlink_to(elsewhere, target_is_directory=True)
-    refused = tuner("best", str(spec), "--storage", url, "--export", str(linked), "--trial", "0")
+    refused = cli("best", str(spec), "--storage", url, "--export", str(linked), "--trial", "0")
     assert refused.returncode == 2 and "symbolic link" in refused.stderr
     assert sorted(p.name for p in elsewhere.iterdir()) == ["victim.txt"]
 
@@ -121,7 +121,7 @@ def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half
     out.mkdir()
     (out / "notes.txt").write_text("the user's")
     (out / "session.json").symlink_to(victim)
-    refused = tuner("best", str(spec), "--storage", url, "--export", str(out), "--trial", "0")
+    refused = cli("best", str(spec), "--storage", url, "--export", str(out), "--trial", "0")
     assert refused.returncode == 2 and "session.json is a symbolic link" in refused.stderr
     assert victim.read_text() == "mine" and sorted(p.name for p in out.iterdir()) == [
         "notes.txt",
@@ -130,12 +130,12 @@ def test_the_export_never_writes_through_a_symbolic_link_and_leaves_nothing_half
     assert not list(tmp_path.glob(".out.*"))
 
     (out / "session.json").unlink()
-    assert tuner("best", str(spec), "--storage", url, "--export", str(out), "--trial", "0").returncode == 0
+    assert cli("best", str(spec), "--storage", url, "--export", str(out), "--trial", "0").returncode == 0
     assert {p.name for p in out.iterdir()} == NATIVE | {"notes.txt"} and (out / "notes.txt").read_text() == "the user's"
 
 
 def test_the_bundled_models_exported_int8_route_runs_with_only_onnxruntime_and_numpy(
-    tmp_path: Path, sqlite_url: str
+    cli, tmp_path: Path, sqlite_url: str
 ) -> None:
     """The bundled EfficientNet-Lite0: its default route and ONNX Runtime's recommended int8 recipe, the latter
     exported."""
@@ -171,7 +171,7 @@ trial_timeout_s = 600
     assert int8.user_attrs.get("feasible"), int8.user_attrs
     out = tmp_path / "winner"
     assert (
-        tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out), "--trial", str(int8.number)).returncode
+        cli("best", str(spec), "--storage", sqlite_url, "--export", str(out), "--trial", str(int8.number)).returncode
         == 0
     )
     ran = _isolated(out / "run_onnxruntime.py", "--data", str(models / "efficientnet_lite0_val.npz"), "--runs", "16")

@@ -29,7 +29,7 @@ def _artifact(work: Path, t: optuna.trial.FrozenTrial) -> list[Path]:
     return list((work / "artifacts").glob(f"{sha}*")) if sha else []
 
 
-def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec, pg_url, tmp_path: Path) -> None:
+def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(cli, write_spec, pg_url, tmp_path: Path) -> None:
     spec = write_spec(**{"run.budget": 10, "run.sampler": "random", "run.keep_best": 1, "run.racing": False})
     run_study(spec, pg_url)
     work = tmp_path / ".tuner" / "tiny"
@@ -58,7 +58,7 @@ def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec
     assert doomed  # the study left artifacts nobody needs
 
     before = _files(work)
-    dry = tuner("gc", str(spec), "--storage", pg_url)
+    dry = cli("gc", str(spec), "--storage", pg_url)
     assert dry.returncode == 0, dry.stderr
     assert _files(work) == before  # a dry run removes nothing ...
     keeping = next(line for line in dry.stdout.splitlines() if line.startswith("keeping"))
@@ -72,7 +72,7 @@ def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec
         assert str(p.relative_to(work)) in dry.stdout
     assert "dry run: nothing was removed" in dry.stdout
 
-    done = tuner("gc", str(spec), "--storage", pg_url, "--yes")
+    done = cli("gc", str(spec), "--storage", pg_url, "--yes")
     assert done.returncode == 0, done.stderr
     after = _files(work)
     assert not any(p.exists() for p in doomed)
@@ -85,16 +85,16 @@ def test_gc_lists_by_default_and_deletes_only_unneeded_files_with_yes(write_spec
         k: v for k, v in after.items() if k.startswith(untouched)
     }
     assert any(k.startswith("variants/") for k in after)  # precision variants are kept for the routes still to come
-    export = tuner(
+    export = cli(
         "best", str(spec), "--storage", pg_url, "--export", str(tmp_path / "out"), "--trial", str(feasible[0].number)
     )
     assert export.returncode == 0, export.stderr
-    again = tuner("gc", str(spec), "--storage", pg_url)
+    again = cli("gc", str(spec), "--storage", pg_url)
     assert "would remove 0 item(s), 0 B" in again.stdout
 
 
 def test_a_size_cap_collects_after_the_run_and_never_touches_a_running_study(
-    write_spec, pg_url, tmp_path: Path
+    cli, write_spec, pg_url, tmp_path: Path
 ) -> None:
     spec = write_spec(**{"run.budget": 6, "run.sampler": "random", "run.keep_best": 1, "run.max_disk_mb": 0.001})
     run = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
@@ -111,7 +111,7 @@ def test_a_size_cap_collects_after_the_run_and_never_touches_a_running_study(
     study._storage.create_new_trial(
         study._study_id, template_trial=optuna.trial.create_trial(state=TrialState.RUNNING, params={}, distributions={})
     )
-    refused = tuner("gc", str(spec), "--storage", pg_url, "--yes")
+    refused = cli("gc", str(spec), "--storage", pg_url, "--yes")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "1 RUNNING trial(s)" in refused.stderr
 
@@ -145,7 +145,7 @@ def _reaped_lease(url: str, trial_id: int, host: str, pid: int, beat_s_ago: floa
 
 
 def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a_live_child_uses(
-    write_spec, pg_url, tmp_path: Path
+    cli, write_spec, pg_url, tmp_path: Path
 ) -> None:
     spec = write_spec(
         **{
@@ -178,7 +178,7 @@ def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a
     holder.autocommit = True
     try:
         _advisory(holder, "lock", lock_key("route-tuner-confirm:tiny"))  # a confirmation is measuring
-        busy = tuner("gc", str(spec), "--storage", pg_url, "--yes")
+        busy = cli("gc", str(spec), "--storage", pg_url, "--yes")
         assert busy.returncode == 2 and "a confirmation of study 'tiny' is measuring" in busy.stderr, busy.stderr
         assert _files(work) == before
         _advisory(holder, "unlock", lock_key("route-tuner-confirm:tiny"))
@@ -202,7 +202,7 @@ def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a
         holder.close()
     study._storage.set_trial_state_values(asked, TrialState.FAIL)
 
-    done = tuner("gc", str(spec), "--storage", pg_url, "--yes")
+    done = cli("gc", str(spec), "--storage", pg_url, "--yes")
     assert done.returncode == 0, done.stderr
     assert "#" + str(raced.number) + " being re-measured" in done.stdout
     assert all(folders[t.number].is_dir() for t in (ts[0], best, raced, reaped_here, reaped_there))
@@ -214,6 +214,6 @@ def test_gc_deletes_under_the_study_lock_and_never_what_racing_confirmation_or_a
         pg_url, oa.trial_id(reaped_there), "another-host boot=x pidns=y", 1, 2 * 60 + 30 + 1
     )  # past any child's life
     study.set_user_attr("racing", {})
-    assert tuner("gc", str(spec), "--storage", pg_url, "--yes").returncode == 0
+    assert cli("gc", str(spec), "--storage", pg_url, "--yes").returncode == 0
     assert not any(folders[t.number].exists() for t in (raced, reaped_here, reaped_there))
     assert folders[0].is_dir() and folders[best.number].is_dir()

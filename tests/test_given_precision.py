@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_study, tuner
+from tests.conftest import run_study
 from tests.helpers import trials
 from tests.models import conv_model
 from tests.test_tensorrt_mapping import TRT11
@@ -70,13 +70,13 @@ def test_no_variant_is_offered_for_an_already_quantized_model(tmp_path: Path) ->
         ort_space(model).restrict({"precision": ["fp32", "int8_static"]})
 
 
-def test_a_pre_quantized_model_gets_no_int8_or_fp16_proposals(tmp_path: Path, write_spec, pg_url: str) -> None:
+def test_a_pre_quantized_model_gets_no_int8_or_fp16_proposals(cli, tmp_path: Path, write_spec, pg_url: str) -> None:
     """End to end: `tuner space` says what the model is, and a real study (real ONNX Runtime, a real worker) proposes
     only the graph as given, with no preparation for int8 variants."""
     spec = write_spec(
         **{"model.path": str(_dynamic_int8(tmp_path)), "run.budget": 3, "accuracy.tolerance": 0.05, "run.racing": False}
     )
-    listed = tuner("space", str(spec))
+    listed = cli("space", str(spec))
     assert listed.returncode == 0, listed.stderr
     assert "precision: the model is already quantized (DynamicQuantizeLinear x3, ConvInteger x2" in listed.stdout
     assert "model preparation before int8 variants" not in listed.stdout and "quant_types" not in listed.stdout
@@ -88,6 +88,6 @@ def test_a_pre_quantized_model_gets_no_int8_or_fp16_proposals(tmp_path: Path, wr
         "restricted.toml",
         **{"model.path": str(tmp_path / "quantized.onnx"), "backend.space": {"precision": ["fp32", "int8_dynamic"]}},
     )
-    refused = tuner("space", str(restricted))
+    refused = cli("space", str(restricted))
     assert refused.returncode == 2 and "backend.space.precision" in refused.stderr
     assert "already quantized" in refused.stderr

@@ -23,7 +23,7 @@ import psycopg2
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import REPO, run_study, tuner
+from tests.conftest import REPO, run_study
 from tests.helpers import start_tuner, status, trials, wait_for_file
 from tuner import job as J
 from tuner.spec import load_spec
@@ -186,7 +186,7 @@ def fill(disk: Path) -> Path:
 
 
 def test_a_full_work_dir_pauses_the_worker_and_poisons_nothing(
-    write_spec, pg_url, small_disk: Path, tmp_path: Path
+    cli, write_spec, pg_url, small_disk: Path, tmp_path: Path
 ) -> None:
     spec = write_spec(**{"study.work_dir": str(small_disk / "work"), "run.budget": 1})
     run_study(spec, pg_url)  # reference, feeds, baseline
@@ -208,7 +208,7 @@ def test_a_full_work_dir_pauses_the_worker_and_poisons_nothing(
         any(r.params == t.params and r.state in counted for r in ts) for t in env_errors
     )  # each route ran again, to the end
     assert set(cached_statuses(pg_url)) == {J.OK}
-    s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
+    s = status(cli("status", str(spec), "--storage", pg_url, "--json"))
     assert s["complete"] + s["pruned"] + s["failed"] == 3 and s["running"] == 0 and s["waiting"] == 0
 
 
@@ -412,14 +412,14 @@ def test_an_artifact_outside_the_out_dir_is_refused(write_spec, sqlite_url, tmp_
     assert list(markers.glob("outside-0*"))  # left where it was, not moved into the store
 
 
-def test_export_refuses_an_artifact_changed_since_it_was_recorded(write_spec, sqlite_url, tmp_path: Path) -> None:
+def test_export_refuses_an_artifact_changed_since_it_was_recorded(cli, write_spec, sqlite_url, tmp_path: Path) -> None:
     spec = write_spec(**{"run.budget": 1})
     run_study(spec, sqlite_url)
     (t,) = trials(sqlite_url, "tiny")
     (stored,) = (spec.parent / ".tuner" / "tiny" / "artifacts").glob(f"{t.user_attrs['artifact_sha256']}*")
     with open(stored, "ab") as f:
         f.write(b"tampered")
-    result = tuner(
+    result = cli(
         "best", str(spec), "--storage", sqlite_url, "--export", str(tmp_path / "out"), "--trial", str(t.number)
     )
     assert result.returncode == 2

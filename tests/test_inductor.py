@@ -391,7 +391,7 @@ def test_a_module_function_serves_every_shape_and_its_examples_must_be_one_of_th
 @needs_torch
 @pytest.mark.slow
 def test_a_two_shape_inductor_study_is_timed_at_each_shape_and_exports_both(
-    tmp_path: Path, write_spec: SpecWriter, pg_url: str, shared_cache: str
+    cli, tmp_path: Path, write_spec: SpecWriter, pg_url: str, shared_cache: str
 ) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")
 
@@ -423,7 +423,7 @@ def test_a_two_shape_inductor_study_is_timed_at_each_shape_and_exports_both(
     assert all(s["route_ms"] > 0 and s["default_ms"] > 0 and s["speedup"] > 0 and s["ci"] for s in measured)
 
     out = tmp_path / "export"
-    best = tuner("best", str(spec), "--storage", pg_url, "--export", str(out), "--trial", "1")
+    best = cli("best", str(spec), "--storage", pg_url, "--export", str(out), "--trial", "1")
     assert best.returncode == 0, best.stderr[-3000:]
     snippet = (out / "compile_inductor.py").read_text()
     assert "SHAPES = [{'x': [1, 16]}, {'x': [2, 16]}]" in snippet

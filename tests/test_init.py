@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import REPO, run_study, tuner
+from tests.conftest import REPO, run_study
 from tests.models import conv_model
 
 BUNDLED = REPO / "models" / "efficientnet_lite0.onnx"
@@ -45,8 +45,8 @@ def mixed_inputs_model(path: Path) -> Path:
     return path
 
 
-def _init_and_run(model: Path, out: Path, *init_args: str) -> dict:
-    made = tuner("init", str(model), "-o", str(out), *init_args)
+def _init_and_run(cli, model: Path, out: Path, *init_args: str) -> dict:
+    made = cli("init", str(model), "-o", str(out), *init_args)
     assert made.returncode == 0, made.stderr
     assert "review this" in made.stderr and out.exists()
     storage = f"sqlite:///{out.parent / 'study.db'}"
@@ -54,17 +54,17 @@ def _init_and_run(model: Path, out: Path, *init_args: str) -> dict:
     return tomllib.loads(out.read_text())
 
 
-def test_init_on_the_bundled_model_runs_as_written(tmp_path: Path) -> None:
-    doc = _init_and_run(BUNDLED, tmp_path / "x.toml")
+def test_init_on_the_bundled_model_runs_as_written(cli, tmp_path: Path) -> None:
+    doc = _init_and_run(cli, BUNDLED, tmp_path / "x.toml")
     assert doc["model"]["inputs"]["images"]["shape"] == [1, 3, 224, 224]
     assert doc["accuracy"] == {"metric": "top1_mismatch", "tolerance": 0.125}  # one logits output, 8 samples
     assert "file" not in doc["data"] and doc["data"]["seed"] == 0
     assert "storage" in (tmp_path / "x.toml").read_text()  # the storage line, commented out
 
 
-def test_init_on_a_model_with_integer_scalar_and_dynamic_inputs_runs_as_written(tmp_path: Path) -> None:
+def test_init_on_a_model_with_integer_scalar_and_dynamic_inputs_runs_as_written(cli, tmp_path: Path) -> None:
     model = mixed_inputs_model(tmp_path / "mixed.onnx")
-    doc = _init_and_run(model, tmp_path / "mixed.toml")
+    doc = _init_and_run(cli, model, tmp_path / "mixed.toml")
     text = (tmp_path / "mixed.toml").read_text()
     shapes = {name: entry["shape"] for name, entry in doc["model"]["inputs"].items()}
     assert shapes == {"x": [1, 4], "ids": [1, 3], "k": []}
@@ -73,31 +73,31 @@ def test_init_on_a_model_with_integer_scalar_and_dynamic_inputs_runs_as_written(
     assert doc["accuracy"]["metric"] == "top1_mismatch"  # one 2-D output
 
 
-def test_init_with_a_data_file_takes_its_sample_count(tmp_path: Path) -> None:
+def test_init_with_a_data_file_takes_its_sample_count(cli, tmp_path: Path) -> None:
     model = conv_model(tmp_path / "cnn.onnx")
     np.savez(tmp_path / "val.npz", x=np.zeros((4, 3, 16, 16), np.float32))
     out = tmp_path / "studies" / "cnn.toml"
     out.parent.mkdir()
-    made = tuner("init", str(model), "--data", str(tmp_path / "val.npz"), "-o", str(out))
+    made = cli("init", str(model), "--data", str(tmp_path / "val.npz"), "-o", str(out))
     assert made.returncode == 0, made.stderr
     doc = tomllib.loads(out.read_text())
     assert doc["data"] == {"file": "../val.npz", "samples": 4, "gate_samples": 2}
     assert doc["model"]["path"] == "../cnn.onnx" and doc["accuracy"]["tolerance"] == 0.25
 
 
-def test_init_refuses_to_overwrite_a_file(tmp_path: Path) -> None:
+def test_init_refuses_to_overwrite_a_file(cli, tmp_path: Path) -> None:
     out = tmp_path / "mine.toml"
     out.write_text("# my study\n")
-    refused = tuner("init", str(BUNDLED), "-o", str(out))
+    refused = cli("init", str(BUNDLED), "-o", str(out))
     assert refused.returncode == 2 and "not overwriting" in refused.stderr
     assert out.read_text() == "# my study\n"
 
 
-def test_init_says_what_a_pre_quantized_model_already_is(tmp_path: Path) -> None:
+def test_init_says_what_a_pre_quantized_model_already_is(cli, tmp_path: Path) -> None:
     from onnxruntime.quantization import quantize_dynamic
 
     quantize_dynamic(str(conv_model(tmp_path / "cnn.onnx")), str(tmp_path / "q.onnx"))
-    made = tuner("init", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "q.toml"))
+    made = cli("init", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "q.toml"))
     assert made.returncode == 0, made.stderr
     text = (tmp_path / "q.toml").read_text()
     assert "the model is already quantized" in text and "precision fp32 builds the graph as given" in text

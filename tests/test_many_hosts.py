@@ -97,7 +97,7 @@ def test_two_confirmations_at_once_measure_once_and_agree(write_spec, pg_url, tm
     assert verdicts[0] == verdicts[1]
 
 
-def test_a_study_refuses_a_worker_on_other_hardware_unless_it_may_mix(write_spec, pg_url) -> None:
+def test_a_study_refuses_a_worker_on_other_hardware_unless_it_may_mix(cli, write_spec, pg_url) -> None:
     backend = {"backend.name": "tests.backends:OtherHostBackend", "backend.space": {"precision": ["fp32"]}}
     spec = write_spec(**{"run.budget": 1, **backend})
     first = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", env={"TUNER_TEST_CPU": "Xeon A"})
@@ -120,4 +120,4 @@ def test_a_study_refuses_a_worker_on_other_hardware_unless_it_may_mix(write_spec
     allowed = tuner("run", str(mixed), "--storage", pg_url, "--no-confirm", env={"TUNER_TEST_CPU": "EPYC B"})
     assert allowed.returncode == 0, allowed.stderr
     bad = write_spec(**{"run.mix_devices": "yes"})
-    assert "run.mix_devices" in tuner("status", str(bad)).stderr
+    assert "run.mix_devices" in cli("status", str(bad)).stderr

@@ -7,7 +7,7 @@ import json
 
 from optuna.trial import TrialState
 
-from tests.conftest import run_study, tuner
+from tests.conftest import run_study
 from tests.helpers import trials
 from tuner.measure.memory import DEVICE, HOST, MemoryProbe
 
@@ -26,7 +26,7 @@ def test_without_a_cuda_context_device_memory_is_unknown_not_zero() -> None:
     assert MemoryProbe.start().peak(gpu=True) == (None, DEVICE)
 
 
-def test_a_memory_cap_makes_routes_above_it_infeasible_and_the_sampler_sees_it(write_spec, sqlite_url) -> None:
+def test_a_memory_cap_makes_routes_above_it_infeasible_and_the_sampler_sees_it(cli, write_spec, sqlite_url) -> None:
     spec = write_spec(
         **{
             "backend.name": "tests.backends:BallastBackend",
@@ -47,12 +47,12 @@ def test_a_memory_cap_makes_routes_above_it_infeasible_and_the_sampler_sees_it(w
         t = done[heavy]
         assert t.user_attrs["peak_memory_mb"] >= heavy and t.constraints["memory"] > 0 and not t.user_attrs["feasible"]
         assert t.constraints["accuracy"] <= 0 and t.constraints["failure"] < 0
-    best = json.loads(tuner("best", str(spec), "--storage", sqlite_url, "--json").stdout)
+    best = json.loads(cli("best", str(spec), "--storage", sqlite_url, "--json").stdout)
     assert best["trial"] == done[0].number and best["peak_memory_mb"] == done[0].user_attrs["peak_memory_mb"]
     assert best["artifact_bytes"] == done[0].user_attrs["artifact_bytes"] > 0
 
 
-def test_a_cap_below_the_default_routes_peak_leaves_no_feasible_route(write_spec, sqlite_url) -> None:
+def test_a_cap_below_the_default_routes_peak_leaves_no_feasible_route(cli, write_spec, sqlite_url) -> None:
     spec = write_spec(
         **{
             "backend.name": "tests.backends:BallastBackend",
@@ -70,5 +70,5 @@ def test_a_cap_below_the_default_routes_peak_leaves_no_feasible_route(write_spec
         and not baseline.user_attrs["feasible"]
     )
     assert all(not t.user_attrs["feasible"] for t in done)
-    best = tuner("best", str(spec), "--storage", sqlite_url)
+    best = cli("best", str(spec), "--storage", sqlite_url)
     assert best.returncode == 2 and "no feasible trial" in best.stderr

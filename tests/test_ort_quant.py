@@ -247,7 +247,7 @@ def test_opset12_model_with_constant_and_identity_weights_gets_int8_variants(tmp
     assert steps["opset"]["detail"] == "opset 12 -> 13" and steps["quant_pre_process"]["status"] == "done"
 
 
-def test_opset12_study_builds_int8_and_shows_its_preparation(write_spec, sqlite_url, tmp_path: Path) -> None:
+def test_opset12_study_builds_int8_and_shows_its_preparation(cli, write_spec, sqlite_url, tmp_path: Path) -> None:
     model = paddle_like(tmp_path / "rec.onnx")
     spec = write_spec(
         **{
@@ -262,14 +262,14 @@ def test_opset12_study_builds_int8_and_shows_its_preparation(write_spec, sqlite_
     int8 = [t for t in ts if str(t.params["precision"]).startswith("int8")]
     assert int8 and all(t.user_attrs["failure_class"] not in ("build-error", "known-failure") for t in int8)
     assert any(t.user_attrs.get("source") == "recommended" for t in int8)  # ORT's recipe, right after the baseline
-    shown = tuner("space", str(spec))
+    shown = cli("space", str(spec))
     assert shown.returncode == 0, shown.stderr
     assert "opset: done opset 12 -> 13" in shown.stdout and "initializers: done" in shown.stdout
-    s = status(tuner("status", str(spec), "--storage", sqlite_url, "--json"))
+    s = status(cli("status", str(spec), "--storage", sqlite_url, "--json"))
     assert s["repeated_failures_share"] <= 0.1
 
 
-def test_a_failed_variant_is_learned_once_and_costs_no_budget(write_spec, pg_url, tmp_path: Path) -> None:
+def test_a_failed_variant_is_learned_once_and_costs_no_budget(cli, write_spec, pg_url, tmp_path: Path) -> None:
     model = weight_input_model(tmp_path / "wi.onnx")
     space = {
         "precision": ["fp32", "int8_dynamic"],
@@ -323,7 +323,7 @@ def test_a_failed_variant_is_learned_once_and_costs_no_budget(write_spec, pg_url
     assert all(
         not trial_dir(pg_url, "tiny", tmp_path / ".tuner" / "tiny", t.number).exists() for t in known
     )  # no child
-    s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
+    s = status(cli("status", str(spec), "--storage", pg_url, "--json"))
     assert s["repeated_failures"] == 0 and s["repeated_failures_share"] == 0.0
     assert (
         len(ts) - len(known) + max(0, len(known) - 10) == 10

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from bench.landscape.record import Recorder
 from bench.landscape.truth import Truth
-from tests.conftest import run_study, tuner
+from tests.conftest import run_study
 from tests.helpers import trials
 from tests.test_landscape import write_tiny_study
 from tuner import job as J
@@ -150,7 +150,7 @@ def test_tuner_run_with_replay_on_postgres(recorded, pg_url: str) -> None:
     assert attrs["backend"] == "replay" and attrs["landscape_backend"]["name"] == "onnxruntime"
 
 
-def test_replay_refuses_another_model_and_a_missing_landscape(recorded, tmp_path: Path) -> None:
+def test_replay_refuses_another_model_and_a_missing_landscape(cli, recorded, tmp_path: Path) -> None:
     spec = replay_study(recorded)
     other = spec.parent / "other"
     other.mkdir(exist_ok=True)
@@ -159,14 +159,14 @@ def test_replay_refuses_another_model_and_a_missing_landscape(recorded, tmp_path
 
     conv_model(other / "tiny.onnx", seed=5)
     (other / "s.toml").write_text(text.replace(str(recorded[0].parent / "tiny.onnx"), str(other / "tiny.onnx")))
-    done = tuner("space", str(other / "s.toml"))
+    done = cli("space", str(other / "s.toml"))
     assert (
         done.returncode == 2
         and "recorded for another model" in done.stderr
         and len(done.stderr.strip().splitlines()) == 1
     )
     (other / "m.toml").write_text(text.replace(str(recorded[1]), str(tmp_path / "nope.json.gz")))
-    done = tuner("space", str(other / "m.toml"))
+    done = cli("space", str(other / "m.toml"))
     assert done.returncode == 2 and "nope.json.gz: not found" in done.stderr
 
 

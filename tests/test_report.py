@@ -11,7 +11,7 @@ import optuna
 import pytest
 from matplotlib.image import imread
 
-from tests.conftest import SpecWriter, run_study, tuner
+from tests.conftest import SpecWriter, run_study
 from tuner.report import page, plots
 from tuner.report.data import ReportData, collect, importances
 from tuner.spec import load_spec
@@ -27,7 +27,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
-def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path: Path) -> None:
+def test_report_from_a_real_study(cli, write_spec: SpecWriter, pg_url: str, tmp_path: Path) -> None:
     spec = write_spec(
         **{
             "accuracy.tolerance": 1e-9,
@@ -47,7 +47,7 @@ def test_report_from_a_real_study(write_spec: SpecWriter, pg_url: str, tmp_path:
     )  # and one that breaks a 1e-9 tolerance, for sure
     run_study(spec, pg_url, confirm=True, confirm_top_k=1, confirm_rounds=6)
     out = tmp_path / "report"
-    rep = tuner("report", str(spec), "--storage", pg_url, "--out", str(out))
+    rep = cli("report", str(spec), "--storage", pg_url, "--out", str(out))
     assert rep.returncode == 0, rep.stderr
     assert "5 figures" in rep.stdout
 

@@ -53,7 +53,9 @@ def test_the_weighted_geometric_mean_and_its_interval_from_the_shapes() -> None:
     assert mixed_cycles([[0.4, 0.2, 0.6], [0.0, 0.2]], [1.0, 1.0]) == pytest.approx([0.2, 0.2])
 
 
-def test_a_two_shape_study_of_the_bundled_model_runs_and_best_lists_every_shape(tmp_path: Path, sqlite_url) -> None:
+def test_a_two_shape_study_of_the_bundled_model_runs_and_best_lists_every_shape(
+    cli, tmp_path: Path, sqlite_url
+) -> None:
     models = REPO / "models"
     spec = tmp_path / "effnet.toml"
     spec.write_text(f"""[study]
@@ -93,7 +95,7 @@ trial_timeout_s = 300
     done = trials(sqlite_url, "effnet-shapes")
     candidate = next(t for t in done if t.user_attrs.get("source") != "baseline")
     assert [s["inputs"]["images"][0] for s in candidate.user_attrs["shapes"]] == [1, 8]
-    best = tuner("best", str(spec), "--storage", sqlite_url, "--json")
+    best = cli("best", str(spec), "--storage", sqlite_url, "--json")
     assert best.returncode == 0, best.stderr[-2000:]
     doc = json.loads(best.stdout)
     assert [(s["inputs"], s["weight"]) for s in doc["shapes"]] == [
@@ -123,7 +125,7 @@ def _two_shapes(write_spec, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_two_shape_confirmation_says_each_shape_and_the_share_of_the_machine(
-    write_spec, pg_url, tmp_path: Path
+    cli, write_spec, pg_url, tmp_path: Path
 ) -> None:
     """The tiny model with a dynamic batch at two shapes, every route the same engine: the confirmation pools each
     shape apart, and the verdict, the note and the report say each shape's speedup and how the study was timed."""
@@ -138,20 +140,20 @@ def test_a_two_shape_confirmation_says_each_shape_and_the_share_of_the_machine(
     assert "; per shape: x 1x3x16x16 " in doc["message"] and ", x 4x3x16x16 " in doc["message"], doc["message"]
     timed = "The study was timed beside other work (contention shared: recorded, not acted on), every core allowed."
     assert timed in ran.stdout, ran.stdout  # tuner run's last lines
-    best = tuner("best", str(spec), "--storage", pg_url)
+    best = cli("best", str(spec), "--storage", pg_url)
     assert best.returncode == 0, best.stderr[-2000:]
     headline = best.stdout.splitlines()[0]
     assert " Per shape: x 1x3x16x16 " in headline and timed in headline, best.stdout
     note = get_note(optuna.load_study(study_name="tiny", storage=normalize_url(pg_url)))
     assert " Per shape: x 1x3x16x16 " in note
-    report = tuner("report", str(spec), "--storage", pg_url, "--out", str(tmp_path / "report"))
+    report = cli("report", str(spec), "--storage", pg_url, "--out", str(tmp_path / "report"))
     assert report.returncode == 0, report.stderr[-2000:]
     html = (tmp_path / "report" / "report.html").read_text()
     assert f"<h2>Per input shape: trial {row['trial']}</h2>" in html and "<td>x 4x3x16x16</td><td>0.3</td>" in html
 
 
 def test_racing_pools_each_shape_of_a_re_measured_trial_and_the_verdict_says_racing_s_figures(
-    write_spec, pg_url, tmp_path: Path
+    cli, write_spec, pg_url, tmp_path: Path
 ) -> None:
     """The tiny model with a dynamic batch at two shapes, racing on, no confirmation: each re-measured trial's racing
     entry pools every uncontended paired measurement of it shape by shape, as it pools them all."""
@@ -176,7 +178,7 @@ def test_racing_pools_each_shape_of_a_re_measured_trial_and_the_verdict_says_rac
         for s in rows:
             assert s["measurements"] == len(pooled) and s["confidence"] == 0.95
             assert s["ci"][0] <= s["speedup"] <= s["ci"][1] and s["route_ms"] > 0 and s["default_ms"] > 0
-    best = tuner("best", str(spec), "--storage", pg_url, "--json")
+    best = cli("best", str(spec), "--storage", pg_url, "--json")
     assert best.returncode == 0, best.stderr[-2000:]
     doc = json.loads(best.stdout)
     if doc["trial"] in raced:  # the verdict is about a re-measured trial: racing's per-shape figures, said so

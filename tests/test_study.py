@@ -22,7 +22,7 @@ SPACE = {
 }
 
 
-def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write_spec, pg_url) -> None:
+def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(cli, write_spec, pg_url) -> None:
     spec = write_spec(
         **{
             "backend.name": "tests.backends:SkewedBackend",
@@ -37,7 +37,7 @@ def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write
     int8 = [t for t in ts if str(t.params.get("precision", "")).startswith("int8")]
     assert int8 and all(t.user_attrs["failure_class"] in ("accuracy-gate", "accuracy") for t in int8)
     assert all(t.state == TrialState.PRUNED and t.constraints["accuracy"] > 0 for t in int8)
-    best = json.loads(tuner("best", str(spec), "--storage", pg_url, "--json").stdout)
+    best = json.loads(cli("best", str(spec), "--storage", pg_url, "--json").stdout)
     assert set(best) >= {"study", "trial", "route", "value", "baseline_value", "speedup", "accuracy", "feasible"}
     assert best["verdict"] == "unconfirmed" and best["export_trial"] is None  # --no-confirm: nothing is confirmed
     assert best["speedup"] == best["study_speedup"] == best["baseline_value"] / best["value"]
@@ -46,7 +46,7 @@ def test_the_fastest_route_breaks_the_tolerance_and_is_never_reported_best(write
     )  # no interval from one unpaired trial each
     assert best["feasible"] is True and best["route"]["precision"] == "fp32"
     assert best["accuracy"]["value"] <= best["accuracy"]["tolerance"]
-    s = status(tuner("status", str(spec), "--storage", pg_url, "--json"))
+    s = status(cli("status", str(spec), "--storage", pg_url, "--json"))
     assert set(s) >= {
         "study",
         "budget",
@@ -76,7 +76,7 @@ def test_baseline_is_the_first_trial_once_across_restarts(write_spec, sqlite_url
     assert ts[0].params["precision"] == "fp32" and ts[0].params["graph_optimization_level"] == "all"
 
 
-def test_export_writes_engine_route_and_reproduction(write_spec, sqlite_url, tmp_path) -> None:
+def test_export_writes_engine_route_and_reproduction(cli, write_spec, sqlite_url, tmp_path) -> None:
     spec = write_spec(**{"run.budget": 2})
     run = subprocess.run(
         [sys.executable, "-m", "tuner", "run", str(spec), "--storage", sqlite_url, "--no-confirm"],
@@ -90,7 +90,7 @@ def test_export_writes_engine_route_and_reproduction(write_spec, sqlite_url, tmp
     lines = run.stdout.splitlines()  # progress (stderr) and result (stdout) in one stream, as in a log file or CI
     assert any(line.startswith("Not confirmed") for line in lines), run.stdout  # the headline starts its own line
     out = tmp_path / "export"
-    refused = tuner(
+    refused = cli(
         "best", str(spec), "--storage", sqlite_url, "--export", str(out)
     )  # unconfirmed: not exported unless asked for
     assert (
@@ -99,8 +99,8 @@ def test_export_writes_engine_route_and_reproduction(write_spec, sqlite_url, tmp
         and "--trial" in refused.stderr
         and not out.exists()
     )
-    number = json.loads(tuner("best", str(spec), "--storage", sqlite_url, "--json").stdout)["trial"]
-    result = tuner("best", str(spec), "--storage", sqlite_url, "--export", str(out), "--trial", str(number))
+    number = json.loads(cli("best", str(spec), "--storage", sqlite_url, "--json").stdout)["trial"]
+    result = cli("best", str(spec), "--storage", sqlite_url, "--export", str(out), "--trial", str(number))
     assert result.returncode == 0, result.stderr
     doc = json.loads((out / "best.json").read_text())
     route = json.loads((out / "route.json").read_text())

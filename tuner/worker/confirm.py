@@ -43,6 +43,12 @@ which is skipped: every other look keeps its level, so a study decided before th
 before, one that would have been decided at the round before the cap is decided at the cap, and
 the family still holds at the requested confidence.
 
+A process's own timing need not be much finer than the spread between processes, which the pooled
+interval carries anyway: once a candidate has two uncontended processes, the next ones stop at a
+half-width of SPREAD_SHARE of the standard deviation of its processes' log speedups when that is
+looser than the study's `target_halfwidth` (`process_target`). Processes that agree (a near tie)
+keep the study's target; processes 10 % apart stop at about their fewest cycles.
+
 With `[[objective.shapes]]` a process's per-shape figures are pooled too, shape by shape, at the same
 level: each candidate row gets `shapes` (inputs, weight, `speedup`, `ci`, the median `route_ms` and
 `default_ms`), and the message says the per-shape speedups (`tuner.measure.shapes.per_shape`).
@@ -62,7 +68,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -94,6 +100,7 @@ EXTEND = 2  # a near tie with the default route may run to this many times the c
 MIN_SPEEDUP = 1.01  # the least speedup reported as a win: its interval must lie above this, not just above 1.0
 CONTENDED_EXTRA = 4  # rounds run beyond the cap to replace contended processes
 TIE = 0.02  # candidates not told apart from the leader whose estimates lie within this of its own: a tie
+SPREAD_SHARE = 0.5  # a process's own half-width target: at least this share of its candidate's between-process spread
 BUSY_SHARE = 2 / 3  # after MIN_ROUNDS rounds, more than this share of processes contended: the host is busy, stop
 METHOD = (
     "per candidate: fresh processes, each timing it paired with the default route in ABBA blocks of the {statistic} "
@@ -247,6 +254,14 @@ def settled(number: int, standings: Mapping[int, Speedup]) -> bool:
 def is_win(s: Speedup) -> bool:
     """Whether a pooled speedup is reported as a win: its interval lies above MIN_SPEEDUP."""
     return s.low > MIN_SPEEDUP
+
+
+def process_target(target: float, log_speedups: list[float]) -> float:
+    """The half-width a candidate's next process times to: the study's `target`, or SPREAD_SHARE of the standard
+    deviation of the candidate's processes' log speedups so far (two at least) where that is looser."""
+    if len(log_speedups) < 2:
+        return target
+    return max(target, SPREAD_SHARE * statistics.stdev(log_speedups))
 
 
 def pick_candidates(trials: list[FrozenTrial], baseline: FrozenTrial, top_k: int) -> list[FrozenTrial]:
@@ -634,6 +649,7 @@ class Session:
         self.handle = ChildHandle()
         self.default_failure = ""
         self.engine = stored_engine(self.store, default)
+        self.log_speedups: dict[int, list[float]] = {}  # each candidate's uncontended processes (`process_target`)
 
     def __enter__(self) -> Session:
         if self.engine is None:
@@ -658,11 +674,14 @@ class Session:
             "route": dict(self.default.params),
         }
 
-    def _run(self, trial: FrozenTrial, trial_dir: Path, **pairing: Any) -> J.Result:
-        """Run the route of `trial` once in a fresh child, on its stored artifact where that is still here."""
+    def _run(self, trial: FrozenTrial, trial_dir: Path, target: float | None = None, **pairing: Any) -> J.Result:
+        """Run the route of `trial` once in a fresh child, on its stored artifact where that is still here (timed to
+        the half-width `target` when given)."""
         sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
         record = self.store.artifact(sha) if sha else None
         job = make_job(self.ctx, dict(trial.params), trial_dir / "out", **pairing)
+        if target is not None:
+            job.objective = replace(job.objective, target_halfwidth=target)
         job.backend = WRAPPER
         return run_isolated(
             job,
@@ -674,8 +693,12 @@ class Session:
     def measure(self, candidate: FrozenTrial, r: int) -> J.Result:
         """One process timing `candidate` paired with the default; both engines' samples kept as "confirm"
         measurements."""
-        res = self._run(candidate, self.run_dir / f"r{r:02d}-{candidate.number:05d}", baseline=self.engine)
+        logs = self.log_speedups.setdefault(candidate.number, [])
+        target = process_target(self.ctx.spec.objective.target_halfwidth, logs)
+        res = self._run(candidate, self.run_dir / f"r{r:02d}-{candidate.number:05d}", target, baseline=self.engine)
         if res.status == J.OK and res.latency and res.paired.get("paired"):
+            if not res.paired.get("contended"):
+                logs.append(math.log(float(res.paired["speedup"])))
             key, study, stats = f"confirm-{self.run_id}", self.ctx.spec.study, {"round": r, "paired": _pairing(res)}
             self.store.add_measurement(
                 measurement_row(
