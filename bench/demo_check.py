@@ -44,6 +44,16 @@ def tuner_overhead(spec_path: str, storage: str | None) -> dict[str, float]:
     }
 
 
+def cpu() -> dict[str, object]:
+    """The processor the figures were measured on: its model, cores and whether it has VNNI (int8 dot products,
+    which decide how much the int8 routes gain)."""
+    from tuner.backends.onnxruntime.quant_space import cpu_flags
+
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    return {"model": model, "cores": os.cpu_count(), "vnni": bool(cpu_flags() & {"avx512_vnni", "avx_vnni"})}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--spec", default=str(REPO / "studies" / "efficientnet_lite0.toml"))
@@ -81,6 +91,7 @@ def main() -> None:
         "confirm_rounds": (doc.get("confirmation") or {}).get("rounds"),
         "contention": (doc.get("confirmation") or {}).get("contention"),
         "trials": args.trials,
+        "cpu": cpu(),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

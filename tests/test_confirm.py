@@ -223,12 +223,14 @@ def test_the_interval_at_the_cap_shrinks_with_the_processes_and_the_t_quantile()
     assert not C.unbreakable(s, 3, Speedup(1.2, 1.1, 1.3, 0.99, 36), 3, 8)
 
 
-def test_a_process_times_no_finer_than_the_spread_between_its_candidates_processes() -> None:
-    assert C.process_target(0.02, []) == C.process_target(0.02, [0.4]) == 0.02  # the spread is not known yet
-    assert C.process_target(0.02, [0.40, 0.41]) == 0.02  # processes that agree: the study's own target
-    apart = [math.log(1.55), math.log(1.74)]  # two processes 12 % apart
-    assert C.process_target(0.02, apart) == pytest.approx(C.SPREAD_SHARE * np.std(apart, ddof=1))
-    assert C.process_target(0.1, apart) == 0.1  # never finer than the study asks
+def test_a_process_times_no_finer_than_the_decision_needs() -> None:
+    assert C.process_target(0.02, 1.03, []) == 0.02  # a near tie: the study's own precision
+    assert C.process_target(0.02, 1.5, []) == pytest.approx(C.DISTANCE_SHARE * math.log(1.5 / C.MIN_SPEEDUP))
+    assert C.process_target(0.02, 3.0, []) == C.PROCESS_TARGET_MAX  # never looser than this
+    assert C.process_target(0.02, 3.0, [math.log(1.03)]) == 0.02  # its processes so far, not the study, decide
+    apart = [math.log(1.05), math.log(1.18)]  # processes 12 % apart: their spread, not their distance, decides
+    assert C.process_target(0.02, None, apart) == pytest.approx(C.SPREAD_SHARE * np.std(apart, ddof=1))
+    assert C.process_target(0.1, 1.5, apart) == 0.1  # never finer than the study asks
 
 
 def test_a_candidate_that_can_no_longer_be_the_answer_is_not_measured_again() -> None:

@@ -43,11 +43,13 @@ which is skipped: every other look keeps its level, so a study decided before th
 before, one that would have been decided at the round before the cap is decided at the cap, and
 the family still holds at the requested confidence.
 
-A process's own timing need not be much finer than the spread between processes, which the pooled
-interval carries anyway: once a candidate has two uncontended processes, the next ones stop at a
-half-width of SPREAD_SHARE of the standard deviation of its processes' log speedups when that is
-looser than the study's `target_halfwidth` (`process_target`). Processes that agree (a near tie)
-keep the study's target; processes 10 % apart stop at about their fewest cycles.
+A process's own timing need be no finer than the decision needs (`process_target`): its half-width
+may be DISTANCE_SHARE of the distance (in log) between the candidate's estimate and MIN_SPEEDUP (a
+route 1.5x faster is shown a win by a process of ±4 %; one 3 % faster needs the study's own
+precision), or SPREAD_SHARE of the standard deviation of the candidate's processes so far (the
+pooled interval carries that spread anyway), where either is looser than the study's
+`target_halfwidth`; never looser than PROCESS_TARGET_MAX. The estimate is the mean of the
+candidate's processes so far, before the first one the study's own figure.
 
 With `[[objective.shapes]]` a process's per-shape figures are pooled too, shape by shape, at the same
 level: each candidate row gets `shapes` (inputs, weight, `speedup`, `ci`, the median `route_ms` and
@@ -100,7 +102,9 @@ EXTEND = 2  # a near tie with the default route may run to this many times the c
 MIN_SPEEDUP = 1.01  # the least speedup reported as a win: its interval must lie above this, not just above 1.0
 CONTENDED_EXTRA = 4  # rounds run beyond the cap to replace contended processes
 TIE = 0.02  # candidates not told apart from the leader whose estimates lie within this of its own: a tie
-SPREAD_SHARE = 0.5  # a process's own half-width target: at least this share of its candidate's between-process spread
+DISTANCE_SHARE = 0.1  # a process's half-width may be this share of its candidate's log distance from MIN_SPEEDUP ...
+SPREAD_SHARE = 0.5  # ... or this share of the standard deviation of its candidate's processes (`process_target`) ...
+PROCESS_TARGET_MAX = 0.05  # ... but never looser than this
 BUSY_SHARE = 2 / 3  # after MIN_ROUNDS rounds, more than this share of processes contended: the host is busy, stop
 METHOD = (
     "per candidate: fresh processes, each timing it paired with the default route in ABBA blocks of the {statistic} "
@@ -256,12 +260,16 @@ def is_win(s: Speedup) -> bool:
     return s.low > MIN_SPEEDUP
 
 
-def process_target(target: float, log_speedups: list[float]) -> float:
-    """The half-width a candidate's next process times to: the study's `target`, or SPREAD_SHARE of the standard
-    deviation of the candidate's processes' log speedups so far (two at least) where that is looser."""
-    if len(log_speedups) < 2:
-        return target
-    return max(target, SPREAD_SHARE * statistics.stdev(log_speedups))
+def process_target(target: float, study_speedup: float | None, log_speedups: list[float]) -> float:
+    """The half-width a candidate's next process times to: the study's `target`, or where looser (up to
+    PROCESS_TARGET_MAX) DISTANCE_SHARE of the log distance between the candidate's estimate (the mean of its
+    processes' log speedups so far, before any the study's `study_speedup`) and MIN_SPEEDUP, or SPREAD_SHARE of the
+    standard deviation of its processes (two at least)."""
+    estimate = statistics.mean(log_speedups) if log_speedups else math.log(study_speedup or MIN_SPEEDUP)
+    loose = DISTANCE_SHARE * abs(estimate - math.log(MIN_SPEEDUP))
+    if len(log_speedups) >= 2:
+        loose = max(loose, SPREAD_SHARE * statistics.stdev(log_speedups))
+    return max(target, min(PROCESS_TARGET_MAX, loose))
 
 
 def pick_candidates(trials: list[FrozenTrial], baseline: FrozenTrial, top_k: int) -> list[FrozenTrial]:
@@ -694,7 +702,8 @@ class Session:
         """One process timing `candidate` paired with the default; both engines' samples kept as "confirm"
         measurements."""
         logs = self.log_speedups.setdefault(candidate.number, [])
-        target = process_target(self.ctx.spec.objective.target_halfwidth, logs)
+        study = self.default.value / candidate.value if self.default.value and candidate.value else None
+        target = process_target(self.ctx.spec.objective.target_halfwidth, study, logs)
         res = self._run(candidate, self.run_dir / f"r{r:02d}-{candidate.number:05d}", target, baseline=self.engine)
         if res.status == J.OK and res.latency and res.paired.get("paired"):
             if not res.paired.get("contended"):
