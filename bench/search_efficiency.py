@@ -661,6 +661,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
     styles = {
         "local": dict(color="black", lw=2.5),
+        "local-previous": dict(color="black", ls="--", lw=1.5),
         "local-forest": dict(color="black", ls=":", lw=1.5),
         "tpe": dict(color="tab:blue", lw=1.5),
         "smac": dict(color="tab:green", lw=1.5),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -235,9 +236,10 @@ def test_a_large_space_s_neighbourhoods_are_collected_once_per_centre_and_capped
 
 
 def _observed(routes: list[dict], feasible=lambda r: True) -> list:
+    """Observations of `routes`; the infeasible ones failed the gate (never timed)."""
     from tuner.study.surrogate import Observation
 
-    return [Observation(r, math.log(latency(r) / 40.0), feasible(r)) for r in routes]
+    return [Observation(r, math.log(latency(r) / 40.0) if feasible(r) else None, feasible(r)) for r in routes]
 
 
 BASE = {"precision": "fp32", "fusion": False, "threads": 0}
@@ -288,6 +290,61 @@ def test_the_linear_feasibility_model_carries_a_variant_s_failure_to_its_other_r
         assert p[0] < with_forest_alone and p[0] < 0.5 * p[1]
     else:
         assert p[0] == with_forest_alone
+
+
+QUANT = SearchSpace(
+    (
+        Param("precision", ("fp32", "int8_static", "int8_dynamic"), "fp32"),
+        Param("per_channel", (True, False), True, when=lambda r: r["precision"] != "fp32"),
+        Param("threads", (0, 1, 2), 0),
+    )
+)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_sub_knob_value_s_failure_stays_with_its_variant(nested: bool) -> None:
+    """Static int8 with per-channel weights and dynamic int8 per-tensor failed the gate. Encoded within its variant,
+    dynamic int8 with per-channel weights (never tried) keeps a better chance than either failing variant's routes,
+    and a better one than with `per_channel = True` shared between the variants."""
+    from tuner.study.surrogate import Encoder, Observation, Surrogate
+
+    fp32 = [QUANT.complete({"threads": t}) for t in (0, 1, 2)]
+    failed = [
+        QUANT.complete({"precision": "int8_static", "per_channel": True}),
+        QUANT.complete({"precision": "int8_dynamic", "per_channel": False}),
+    ]
+    seen = [Observation(r, -0.1 * i, True) for i, r in enumerate(fp32)] + [Observation(r, None, False) for r in failed]
+    asked = [
+        QUANT.complete({"precision": "int8_dynamic", "per_channel": True, "threads": 1}),
+        QUANT.complete({"precision": "int8_static", "per_channel": True, "threads": 1}),
+    ]
+
+    def chance(encoder: Encoder) -> np.ndarray:
+        return Surrogate(Encoder(QUANT), seen, seed=0, linear=True, nested_encoder=encoder).predict(asked)[2]
+
+    p = chance(Encoder(QUANT, nested=nested))
+    if nested:
+        assert p[0] > p[1] and p[0] > chance(Encoder(QUANT))[0]
+
+
+def test_a_slow_route_passed_the_gate_but_the_full_check_is_learnt_from_checked_routes() -> None:
+    """fp16 failed the full accuracy check twice and was stopped as slow (gate passed, never fully checked) three
+    times (with the fusion): staged, its next route with the fusion is expected infeasible; counted feasible when slow
+    (one stage), it was not."""
+    from tuner.study.surrogate import Encoder, Observation, Surrogate
+
+    fp16 = {**BASE, "precision": "fp16", "keep": "none"}
+    seen = [Observation({**BASE, "threads": t}, -0.1 * t, True) for t in (0, 1, 2)]
+    seen += [Observation({**fp16, "threads": t}, -0.3, False) for t in (0, 1)]
+    seen += [
+        Observation({**fp16, "fusion": True, "attention": a, "threads": t}, 0.2, True, checked=False)
+        for a, t in ((True, 0), (False, 1), (True, 2))
+    ]
+    asked = [{**fp16, "fusion": True, "attention": False, "threads": 2}, {**BASE, "fusion": True, "attention": True}]
+    staged = Surrogate(Encoder(SPACE), seen, seed=0, linear=True).predict(asked)[2]
+    one_stage = Surrogate(Encoder(SPACE), seen, seed=0, linear=True, staged=False).predict(asked)[2]
+    assert staged[0] < 0.3 and one_stage[0] > 0.5
+    assert staged[1] > 0.5
 
 
 def test_proposals_alternate_between_the_forest_and_the_additive_model() -> None:

@@ -121,6 +121,12 @@ def local_forest(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
     return NoRepeatSampler(LocalSearchSampler(space, seed, portfolio=False), seed)
 
 
+def local_previous(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
+    """Sampler 'local' as it was before sub-knob values were learnt within their variant and the full accuracy check got
+    a model of its own (`LocalSearchSampler(previous=True)`)."""
+    return NoRepeatSampler(LocalSearchSampler(space, seed, previous=True), seed)
+
+
 def tpe(startup: int) -> SamplerFactory:
     return lambda space, seed: sampler_for(RunSpec(budget=1, sampler="tpe", startup_trials=startup), seed, space)
 
@@ -288,8 +294,15 @@ STRATEGIES: dict[str, Strategy] = {
             candidate=True,
         ),
         Strategy(
+            "local-previous",
+            "sampler 'local' as it was before sub-knob values were learnt within their variant and the full accuracy "
+            "check got a model of its own (the previous default)",
+            local_previous,
+            candidate=True,
+        ),
+        Strategy(
             "local-forest",
-            "sampler 'local' with the random forests alone (the previous default)",
+            "sampler 'local' with the random forests alone (the default before the additive and linear models)",
             local_forest,
             candidate=True,
         ),
@@ -351,6 +364,7 @@ STRATEGIES: dict[str, Strategy] = {
 }
 DEFAULT_SET = (
     "local",
+    "local-previous",
     "local-forest",
     "tpe",
     "tpe-startup-8",

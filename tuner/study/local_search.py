@@ -65,12 +65,18 @@ WORTH = MIN_SPREAD  # a candidate is worth a build when it is expected to improv
 class LocalSearchSampler(optuna.samplers.BaseSampler):
     """Local search over knob groups of `space`, ranked by the surrogate (see the module docstring)."""
 
-    def __init__(self, space: SearchSpace, seed: int | None = None, portfolio: bool = True) -> None:
-        """`portfolio` False: the forests alone (the sampler as it was before the additive and linear models)."""
+    def __init__(
+        self, space: SearchSpace, seed: int | None = None, portfolio: bool = True, previous: bool = False
+    ) -> None:
+        """`portfolio` False: the forests alone (the sampler as it was before the additive and linear models).
+        `previous` True: the sampler as it was before sub-knob values were learnt within their variant and the full
+        accuracy check got a model of its own (the benchmark's comparison row)."""
         self.space = space
         self.portfolio = portfolio
+        self.previous = previous
         self.groups = knob_groups(space)
         self.encoder = Encoder(space)
+        self.nested = self.encoder if previous else Encoder(space, nested=True)
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self._rings: dict[tuple[Any, int], list[tuple[Any, Route]]] = {}  # (centre, radius) -> keyed routes: `around`
@@ -177,7 +183,15 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         them was timed (nothing to learn from)."""
         if not any(o.log_ratio is not None for o in observations):
             return None
-        return Surrogate(self.encoder, observations, int(self.rng.integers(2**31)), additive, linear=self.portfolio)
+        return Surrogate(
+            self.encoder,
+            observations,
+            int(self.rng.integers(2**31)),
+            additive,
+            linear=self.portfolio,
+            nested_encoder=self.nested,
+            staged=not self.previous,
+        )
 
     def score(self, model: Surrogate | None, candidates: list[Route], reference: float) -> np.ndarray:
         """Each candidate's expected improvement on `reference` times its probability of being feasible (random
@@ -246,7 +260,7 @@ def observation(
     if state == TrialState.PRUNED:
         slow = t.user_attrs.get(A.FAILURE_CLASS) == "slow"
         last = t.intermediate_values[max(t.intermediate_values)] if slow and t.intermediate_values else None
-        return Observation(_route(t), _log_ratio(last, scale), slow)
+        return Observation(_route(t), _log_ratio(last, scale), slow, checked=not slow)
     return None
 
 

@@ -10,11 +10,20 @@ Fitted on every finished trial:
   prediction and the forest learns what it leaves over: combinations of moves that each helped are
   then predicted faster than either (GPT `mixed`'s rule, as a model), interactions still corrected by
   the forest;
-- a *feasibility* model of whether the route was feasible: accuracy-infeasible, gate-pruned, failed
-  and crashed routes are the negatives; slow-pruned routes passed the gate and count as feasible. A
-  random forest (interactions: fp16 with a fusion that fails to build), times, with `linear`, a
-  logistic model of per-knob effects: a precision variant that failed the gate at one graph level is
-  then expected to fail at the others, which a forest of a few dozen routes learns only slowly.
+- *feasibility* models, in two stages. Whether a route passes the quick accuracy gate and builds
+  and runs: gate-pruned, failed and crashed routes are the negatives, every timed route (slow-pruned
+  ones too) a positive. A random forest (interactions: fp16 with a fusion that fails to build),
+  times, with `linear`, a logistic model of per-knob effects: a precision variant that failed the
+  gate at one graph level is then expected to fail at the others, which a forest of a few dozen
+  routes learns only slowly. Then whether a timed route passes the full accuracy check, learnt from
+  the routes that were checked on every feed (a slow-pruned route stopped before it: `Observation.
+  checked` False) by a random forest, once both outcomes were seen. Before, a slow route counted
+  feasible: an fp16 variant inaccurate under a strict tolerance looked feasible whenever it was also
+  slow, and drew builds. Both stages see a sub-knob's value *within its variant*
+  (`Encoder(nested=True)`: `per_channel = True` of dynamic int8 is another column than that of
+  static int8), so a failure is carried to the routes sharing the failing variant and its sub-knob
+  values, not to every route with the same sub-knob value: a static int8 route failing the gate no
+  longer condemns dynamic int8 with per-channel weights.
 Observations carried over from other studies (`tuner.study.warm_start`) join all of them with a lower
 weight. A candidate's score is its expected improvement in log latency over the incumbent (the
 forest's trees give the spread) times its probability of being feasible.
@@ -44,40 +53,54 @@ MIN_SPREAD = 0.02  # floor of a prediction's spread in log latency (about 2 %: t
 
 @dataclass(frozen=True)
 class Observation:
-    """One route's outcome: its log latency relative to the baseline's (None if never timed), feasibility and weight."""
+    """One route's outcome: its log latency relative to the baseline's (None if never timed), feasibility and weight.
+
+    `checked` False: the route passed the quick accuracy gate but was never checked on every feed (its timing stopped
+    as slow), so `feasible` is what the gate said; the full check's model leaves it out."""
 
     route: Mapping[str, Value]
     log_ratio: float | None
     feasible: bool
     weight: float = 1.0
+    checked: bool = True
 
 
 class Encoder:
-    """Routes as one-hot vectors: one column per (knob, value), plus one per conditional knob for "absent"."""
+    """Routes as one-hot vectors: one column per (knob, value), plus one per conditional knob for "absent".
 
-    def __init__(self, space: SearchSpace) -> None:
-        self.columns: dict[tuple[str, Value | None], int] = {}
+    `nested`: a knob that belongs to another knob's group (`tuner.space.groups`: a precision variant's
+    sub-knobs) has one column per (knob, value, value of its group's root): its effect is learnt within
+    each variant, never carried from one variant to another."""
+
+    def __init__(self, space: SearchSpace, nested: bool = False) -> None:
+        from tuner.space.groups import knob_groups
+
+        self.root = {name: g[0] for g in knob_groups(space).groups for name in g[1:]} if nested else {}
+        self.columns: dict[tuple[str, Value | None, Value | None], int] = {}
         for p in space.params:
+            parents = space.param(self.root[p.name]).choices if p.name in self.root else (None,)
             for v in (*p.choices, *((None,) if p.when is not None else ())):
-                self.columns.setdefault((p.name, v), len(self.columns))
+                for parent in parents if v is not None else (None,):
+                    self.columns.setdefault((p.name, v, parent), len(self.columns))
         self.conditional = [p.name for p in space.params if p.when is not None]
 
     def __call__(self, routes: Sequence[Mapping[str, Value]]) -> np.ndarray:
         x = np.zeros((len(routes), len(self.columns)), dtype=np.float32)
         for i, route in enumerate(routes):
             for name, value in route.items():
-                j = self.columns.get((name, value))
+                j = self.columns.get((name, value, route.get(self.root[name]) if name in self.root else None))
                 if j is not None:
                     x[i, j] = 1.0
             for name in self.conditional:
                 if name not in route:
-                    x[i, self.columns[(name, None)]] = 1.0
+                    x[i, self.columns[(name, None, None)]] = 1.0
         return x
 
 
 class Surrogate:
     """The models, fitted on `observations` (`additive`, `linear`: see the module docstring); `score` ranks
-    candidate routes."""
+    candidate routes. The feasibility models encode routes with `nested_encoder` where one is given (else
+    `encoder`); `staged` False: one feasibility stage, every outcome's verdict as its label (slow routes feasible)."""
 
     def __init__(
         self,
@@ -86,20 +109,30 @@ class Surrogate:
         seed: int,
         additive: bool = False,
         linear: bool = False,
+        nested_encoder: Encoder | None = None,
+        staged: bool = True,
     ) -> None:
         import sklearn.ensemble  # noqa: F401  (loaded before the limit, so that the limit covers what it loads)
         import sklearn.linear_model  # noqa: F401
 
         with threadpool_limits(limits=1):
-            self._fit(encoder, observations, seed, additive, linear)
+            self._fit(encoder, observations, seed, additive, linear, nested_encoder or encoder, staged)
 
     def _fit(
-        self, encoder: Encoder, observations: Sequence[Observation], seed: int, additive: bool, linear: bool
+        self,
+        encoder: Encoder,
+        observations: Sequence[Observation],
+        seed: int,
+        additive: bool,
+        linear: bool,
+        nested: Encoder,
+        staged: bool,
     ) -> None:
         from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
         from sklearn.linear_model import LogisticRegression, Ridge
 
         self.encoder = encoder
+        self.nested = nested
         timed = [o for o in observations if o.log_ratio is not None]
         self.latency = None
         self.additive = None
@@ -112,21 +145,25 @@ class Surrogate:
                 n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
             )
             self.latency.fit(x, y, sample_weight=w)
-        labels = {o.feasible for o in observations}
+        gate = [_passed_gate(o) for o in observations] if staged else [o.feasible for o in observations]
+        labels = set(gate)
         self.feasibility = None
         self.linear_feasibility = None
         if len(labels) == 2:
-            x, y, w = (
-                encoder([o.route for o in observations]),
-                [o.feasible for o in observations],
-                _weights(observations),
-            )
+            x, w = nested([o.route for o in observations]), _weights(observations)
             self.feasibility = RandomForestClassifier(
                 n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
             )
-            self.feasibility.fit(x, y, sample_weight=w)
+            self.feasibility.fit(x, gate, sample_weight=w)
             if linear:
-                self.linear_feasibility = LogisticRegression(C=LOGISTIC_C, max_iter=1000).fit(x, y, sample_weight=w)
+                self.linear_feasibility = LogisticRegression(C=LOGISTIC_C, max_iter=1000).fit(x, gate, sample_weight=w)
+        checked = [o for o in observations if staged and o.checked and o.log_ratio is not None]
+        self.accurate = None
+        if len({o.feasible for o in checked}) == 2:
+            self.accurate = RandomForestClassifier(
+                n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
+            )
+            self.accurate.fit(nested([o.route for o in checked]), [o.feasible for o in checked], _weights(checked))
         self.all_feasible = labels == {True}
 
     def predict(self, routes: Sequence[Mapping[str, Value]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -143,12 +180,15 @@ class Surrogate:
             if self.additive is not None:
                 per_tree += self.additive.predict(x)
             mean, spread = per_tree.mean(axis=0), np.maximum(per_tree.std(axis=0), MIN_SPREAD)
+        xf = x if self.nested is self.encoder else self.nested(routes)
         if self.feasibility is not None:
-            feasible = _probability_feasible(self.feasibility, x)
+            feasible = _probability_feasible(self.feasibility, xf)
             if self.linear_feasibility is not None:
-                feasible = feasible * _probability_feasible(self.linear_feasibility, x)
+                feasible = feasible * _probability_feasible(self.linear_feasibility, xf)
         else:
             feasible = np.full(len(routes), 1.0 if self.all_feasible else 0.5)
+        if self.accurate is not None:
+            feasible = feasible * _probability_feasible(self.accurate, xf)
         return mean, spread, feasible
 
     def score(self, routes: Sequence[Mapping[str, Value]], best: float) -> np.ndarray:
@@ -162,6 +202,11 @@ class Surrogate:
 
 def _weights(observations: Sequence[Observation]) -> np.ndarray:
     return np.array([o.weight for o in observations])
+
+
+def _passed_gate(o: Observation) -> bool:
+    """Whether the route passed the quick accuracy gate and built and ran: it was timed, or it was feasible."""
+    return o.feasible or o.log_ratio is not None
 
 
 def _probability_feasible(model: Any, x: np.ndarray) -> np.ndarray:
