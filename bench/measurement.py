@@ -8,7 +8,8 @@ Recorded per configuration:
 
 - agreement: the speedup the study reports for its best candidate (this code: the paired, refined
   speedup of the best confirmed trial, else of the best paired trial; before: baseline value / best
-  value) against the confirmation's estimate for the same trial; `agreement` = study / confirmation;
+  value; when that trial was not among the confirmed candidates, the route the confirmation reports)
+  against the confirmation's estimate for the same trial; `agreement` = study / confirmation;
 - the between-round CV of the confirmation winner's round medians;
 - cost: the timing phase's seconds per trial (this code: lock wait, baseline load, warm-up and
   measurement; the lock wait and the warm-up + measurement also apart) and their share of trial
@@ -189,7 +190,8 @@ for t in trials:
         waits.append(float(info["lock_wait_s"]))
         measuring.append(float(info.get("seconds", 0.0))
                          + sum(float(w.get("seconds", 0.0)) for w in (info.get("warmup") or {}).values()))
-headline = next((r for r in rows if best is not None and r["trial"] == best.number), None)
+headline = next((r for r in rows if best is not None and r["trial"] == best.number), None) or next(
+    (r for r in rows if r["trial"] == conf.get("trial")), None)  # not among the candidates: the route it reports
 print(json.dumps({
     "baseline_ms": base.value, "best_trial": best.number if best else None, "best_confirmed_in_study": bool(confirmed),
     "study_speedup": headline["study_speedup"] if headline else None,

@@ -93,11 +93,11 @@ def test_read_only_commands_leave_no_file_behind(cli, write_spec, tmp_path: Path
     assert sorted(tmp_path.rglob("*")) == before
 
 
-def test_exit_statuses_bad_input_2_no_speedup_4(write_spec, sqlite_url, tmp_path: Path) -> None:
-    bad = tuner("run", str(write_spec("bad.toml", **{"run.budget": 0})), "--json")
+def test_exit_statuses_bad_input_2_no_speedup_4(cli, write_spec, sqlite_url, tmp_path: Path) -> None:
+    bad = cli("run", str(write_spec("bad.toml", **{"run.budget": 0})), "--json")
     assert bad.returncode == 2 and json.loads(bad.stdout) == {"error": bad.stderr.strip()[7:], "exit_code": 2}
     spec = write_spec(**{"run.budget": 1, "backend.space": FP32})
-    assert tuner("run", str(spec), "--log-format", "xml").returncode == 2
+    assert cli("run", str(spec), "--log-format", "xml").returncode == 2
     done = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--fail-if-no-speedup")
     assert done.returncode == 4, done.stderr  # unconfirmed is not a speedup
 

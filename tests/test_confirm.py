@@ -381,7 +381,7 @@ def test_a_study_with_nothing_to_find_reports_no_win(cli, write_spec: SpecWriter
 
     assert doc["message"] in get_note(optuna.load_study(study_name="tiny", storage=url))
 
-    too_few = tuner("run", str(spec), "--storage", pg_url, "--confirm-rounds", "2")
+    too_few = cli("run", str(spec), "--storage", pg_url, "--confirm-rounds", "2")
     assert too_few.returncode == 2 and "--confirm-rounds 2 is too few" in too_few.stderr
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from tests.conftest import run_study, tuner
+from tests.conftest import run_study
 from tests.helpers import start_tuner, status, trials, wait_for_file
 
 FAULT = "tests.backends:FaultBackend"
@@ -107,13 +107,13 @@ def test_sigint_marks_the_trial_in_flight_interrupted_and_requeues_it(
     assert s["complete"] + s["pruned"] + s["failed"] == 3 and s["waiting"] == 0
 
 
-def test_resume_with_an_incompatible_spec_is_refused(write_spec, pg_url) -> None:
+def test_resume_with_an_incompatible_spec_is_refused(cli, write_spec, pg_url) -> None:
     spec = write_spec(**{"run.budget": 1})
     run_study(spec, pg_url)
     changed = write_spec(
         **{"run.budget": 3, "accuracy.tolerance": 0.5, "backend.space": {"precision": ["fp32", "fp16"]}}
     )
-    result = tuner("run", str(changed), "--no-confirm", "--storage", pg_url)
+    result = cli("run", str(changed), "--no-confirm", "--storage", pg_url)
     assert result.returncode == 2
     err = result.stderr.strip()
     assert len(err.splitlines()) == 1

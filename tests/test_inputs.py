@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_study, tuner
+from tests.conftest import run_study
 from tests.helpers import trials
 from tests.models import vad_model
 from tuner import job as J
@@ -232,7 +232,7 @@ def test_bad_inputs_fail_in_one_line_naming_the_field(case: str, tmp_path: Path)
     ],
     ids=["2-D scalar", "too few scalars", "batch on the wrong axis", "too few states", "wrong dtype"],
 )
-def test_bad_data_files_name_the_array_in_one_line(arrays: dict, needle: str, tmp_path: Path) -> None:
+def test_bad_data_files_name_the_array_in_one_line(cli, arrays: dict, needle: str, tmp_path: Path) -> None:
     base = {
         "input": np.zeros((4, 512), np.float32),
         "state": np.zeros((2, 4, 128), np.float32),
@@ -240,7 +240,7 @@ def test_bad_data_files_name_the_array_in_one_line(arrays: dict, needle: str, tm
     }
     np.savez(tmp_path / "vad.npz", **{**base, **arrays})
     study = _study(tmp_path, 'file = "vad.npz"\n')
-    result = tuner("run", str(study), "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}")
+    result = cli("run", str(study), "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "data.file" in result.stderr and needle in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "db.sqlite").exists()
