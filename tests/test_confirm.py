@@ -317,6 +317,8 @@ def test_candidates_are_feasible_distinct_and_not_the_default_route() -> None:
     ]
     assert [t.number for t in C.pick_candidates(trials, trials[0], 3)] == [1, 5]
     assert [t.number for t in C.pick_candidates(trials, trials[0], 1)] == [1]
+    raced = {"5": {"value_refined": 3.5}, "1": {"value_refined": 4.2}}  # racing pooled them: trial 5 is the faster
+    assert [t.number for t in C.pick_candidates(trials, trials[0], 1, raced)] == [5]
 
 
 def test_reuse_runs_the_stored_artifact_and_rebuilds_when_it_is_gone(write_spec: SpecWriter, tmp_path: Path) -> None:

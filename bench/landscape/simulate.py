@@ -299,7 +299,7 @@ class Simulation:
         trials = self.study.get_trials(deepcopy=False)
         base = self.baseline()
         key = (
-            tuple(t.number for t in pick_candidates(trials, base, 3))
+            tuple(t.number for t in pick_candidates(trials, base, 3, racing.races(self.study)))
             if base is not None and outcome.is_feasible(base)
             else ()
         )

@@ -88,6 +88,7 @@ from tuner.store.cache import ResultStore, measurement_row, new_run_id
 from tuner.store.db import confirmation_lock, db_now
 from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
+from tuner.study.racing import Races, races
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
 from tuner.study.summary import summarize_study
@@ -272,11 +273,19 @@ def process_target(target: float, study_speedup: float | None, log_speedups: lis
     return max(target, min(PROCESS_TARGET_MAX, loose))
 
 
-def pick_candidates(trials: list[FrozenTrial], baseline: FrozenTrial, top_k: int) -> list[FrozenTrial]:
-    """The `top_k` fastest feasible trials with distinct routes other than the default's."""
+def pick_candidates(
+    trials: list[FrozenTrial], baseline: FrozenTrial, top_k: int, raced: Races | None = None
+) -> list[FrozenTrial]:
+    """The `top_k` fastest feasible trials with distinct routes other than the default's, by the study's own figures:
+    a raced trial's refined value (`tuner.study.racing`: its measurements pooled), else its value."""
     seen = {canonical_route(baseline.params)}
+    refined = raced or {}
+
+    def figure(t: FrozenTrial) -> tuple[float, int]:
+        return float((refined.get(str(t.number)) or {}).get("value_refined", t.value)), t.number
+
     out: list[FrozenTrial] = []
-    for t in sorted((t for t in trials if is_feasible(t)), key=lambda t: (t.value, t.number)):
+    for t in sorted((t for t in trials if is_feasible(t)), key=figure):
         key = canonical_route(t.params)
         if key not in seen:
             seen.add(key)
@@ -305,7 +314,8 @@ def is_current(
     baseline = summarize_study(study).baseline
     if not doc or baseline is None or doc.get("baseline_trial") != baseline.number:
         return False
-    candidates = pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if is_feasible(baseline) else []
+    trials = study.get_trials(deepcopy=False)
+    candidates = pick_candidates(trials, baseline, top_k, races(study)) if is_feasible(baseline) else []
     return doc.get("candidate_trials") == [t.number for t in candidates] and doc.get("settings") == settings(
         ctx, top_k, confidence, DEFAULT_ROUNDS if rounds is None else rounds
     )
@@ -417,7 +427,9 @@ def judge_study(
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     trials = (
-        pick_candidates(study.get_trials(deepcopy=False), baseline, top_k) if baseline and is_feasible(baseline) else []
+        pick_candidates(study.get_trials(deepcopy=False), baseline, top_k, races(study))
+        if baseline and is_feasible(baseline)
+        else []
     )
     doc["candidate_trials"] = [t.number for t in trials]
     if not trials:
