@@ -265,6 +265,14 @@ def test_a_near_tie_with_the_default_is_measured_on_until_it_is_resolved() -> No
     assert 1.0 < doc["ci"][0] < C.MIN_SPEEDUP  # what made it a near tie
 
 
+def test_a_near_tie_the_extension_could_not_make_a_win_ends_at_the_cap() -> None:
+    """A route 0.8 % faster: its interval lies above 1.0 at the cap, but at its estimate twice the processes could
+    not lift it clear of MIN_SPEEDUP, so none are run."""
+    doc, events = _run({1: 1.008}, spread=0.006)
+    assert doc["candidates"][0]["low"] > 1.0 and doc["stopped"] == "cap"
+    assert not doc["extended"] and doc["rounds"] == 8 and events[-1].cap == 8
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_extension_never_makes_a_win_of_equal_engines(seed: int) -> None:
     doc, _ = _run({1: 1.0, 2: 1.0, 3: 1.0}, seed=seed)

@@ -36,8 +36,10 @@ confirmation stops, judges what was measured uncontended, and says the host was 
 
 A near tie with the default route goes on past the cap (`near_tie`): when at the cap no candidate
 is a win but one is significantly faster than the default (its interval above 1.0, not yet clear
-of MIN_SPEEDUP: a route a few percent faster, which eight processes cannot resolve), those
-candidates are measured on, up to EXTEND times the cap. The extension pays for its two looks
+of MIN_SPEEDUP: a route a few percent faster, which eight processes cannot resolve) and the
+processes to come could make it one (at its estimate, the interval EXTEND times the cap's processes
+would give lies above MIN_SPEEDUP; a route 0.5 % faster, or two identical engines a process offset
+apart, never), those candidates are measured on, up to EXTEND times the cap. The extension pays for its two looks
 (halfway and at its end, `look_rounds`) with the share of the look at the round before the cap,
 which is skipped: every other look keeps its level, so a study decided before then stops exactly as
 before, one that would have been decided at the round before the cap is decided at the cap, and
@@ -190,12 +192,18 @@ def extension_level(level: float) -> float:
     return 1.0 - (1.0 - level) / 2
 
 
-def near_tie(standings: Mapping[int, Speedup]) -> list[int]:
+def near_tie(standings: Mapping[int, Speedup], processes: Mapping[int, int], cap: int) -> list[int]:
     """The candidates more processes may still make a win of: with no win yet, those significantly faster than the
-    default route (their interval above 1.0) but not clear of MIN_SPEEDUP; empty otherwise."""
+    default route (their interval above 1.0) but not clear of MIN_SPEEDUP, whose interval at EXTEND x the `cap`
+    processes (`halfwidth_at_cap`, at the estimate where it is) would clear MIN_SPEEDUP; empty otherwise."""
     if any(is_win(s) for s in standings.values()):
         return []
-    return [n for n, s in standings.items() if s.low > 1.0]
+    longest = EXTEND * cap
+    return [
+        n
+        for n, s in standings.items()
+        if s.low > 1.0 and math.log(s.estimate / MIN_SPEEDUP) > halfwidth_at_cap(s, processes[n], longest)
+    ]
 
 
 def halfwidth_at_cap(s: Speedup, processes: int, cap: int) -> float:
@@ -483,7 +491,7 @@ def run_rounds(
             and not (len(c.log_ratios) >= MIN_ROUNDS and settled(c.trial.number, standings))
         ]
         if not live:
-            if limit == cap and extend and (tied := near_tie(standings)):
+            if limit == cap and extend and (tied := near_tie(standings, processes(candidates), cap)):
                 limit, looks_at, measured = EXTEND * cap, look_rounds(cap, extended=True), set(tied)
                 level = extension_level(level)
                 continue
@@ -493,8 +501,7 @@ def run_rounds(
             own, contended = _add(c, measure(c.trial, r), statistic)
             standings = {k.trial.number: s for k in candidates if not k.failure and (s := k.pooled(level)) is not None}
             ready = c is order[-1] and all(len(k.log_ratios) >= MIN_ROUNDS for k in candidates if not k.failure)
-            pooled = {k.trial.number: len(k.log_ratios) for k in candidates}
-            why = decided(standings, pooled, limit) if ready and r + 1 in looks_at else ""
+            why = decided(standings, processes(candidates), limit) if ready and r + 1 in looks_at else ""
             report(RoundEvent(r + 1, limit, c.trial.number, own, contended, c.failure, standings, why))
             if why:
                 return "decided"
@@ -505,6 +512,11 @@ def run_rounds(
             return "busy"
         r += 1
     return "cap"
+
+
+def processes(candidates: list[Candidate]) -> dict[int, int]:
+    """How many uncontended processes each candidate's standing pools, by trial number."""
+    return {c.trial.number: len(c.log_ratios) for c in candidates}
 
 
 def extended(candidates: list[Candidate], cap: int) -> bool:
