@@ -7,11 +7,10 @@ instead took TPE from 2.3-3 trials per build (300 trials for 80 builds on MiniLM
 the median builds until the best route from 94/22/21/48 to 32/16/20/31 on the four scenarios.
 
 The default sampler is "local" (`tuner.study.local_search`: a local search over knob groups ranked by
-random forests and additive models), chosen by the route it *delivers* through the tuner's own study
-code on the recorded landscapes: within 2 % of the true best after 30 builds in 100/100/90/80/80/90 %
-of seeds on the six tuning scenarios against 100/100/90/40/80/80 % for the forests alone (the previous
-default) and 40/90/90/50/60/60 % for TPE with 4 start-up trials ("tpe"), and 100/70/70 % on the
-held-out ones (`bench/results/search-efficiency.json`, docs/search-efficiency.md).
+random forests and additive models, feasibility learnt in two stages with sub-knobs encoded within their
+variant), measured by the route it *delivers* through the tuner's own study code on the recorded
+landscapes (`bench/results/search-efficiency.json`, docs/search-efficiency.md, which also says where
+it misses the goal and what the project's choice rule says of it).
 """
 
 from __future__ import annotations
