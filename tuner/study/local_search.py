@@ -254,7 +254,7 @@ def observation(
     `state` and `value` stand for the trial's while it is being told (a sampler's `after_trial`)."""
     state = state or t.state
     if state == TrialState.COMPLETE:
-        value = (raced.get(str(t.number)) or {}).get("value_refined", t.value if value is None else value)
+        value = racing.refined_value(t, raced, value)
         feasible = bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
         return Observation(_route(t), _log_ratio(value, scale), feasible)
     if state == TrialState.PRUNED:

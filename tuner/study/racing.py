@@ -115,6 +115,12 @@ def standings(trials: Sequence[FrozenTrial], raced: Races) -> list[Standing]:
     return sorted(out, key=lambda s: (-s.estimate, s.number))
 
 
+def refined_value(t: FrozenTrial, raced: Races, value: float | None = None) -> float | None:
+    """The trial's value as racing left it: its refined value where it was re-measured, else `value` (default: the
+    trial's own)."""
+    return (raced.get(str(t.number)) or {}).get("value_refined", t.value if value is None else value)
+
+
 def to_race(ranked: Sequence[Standing], top_k: int = RACE_TOP_K, max_remeasure: int = REMEASURE_MAX) -> list[int]:
     """The trials to re-measure now: the leader if it was never re-measured, and leaders whose intervals overlap the
     leader's.

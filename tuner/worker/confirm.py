@@ -90,7 +90,7 @@ from tuner.store.cache import ResultStore, measurement_row, new_run_id
 from tuner.store.db import confirmation_lock, db_now
 from tuner.study import attrs as A
 from tuner.study.outcome import is_feasible
-from tuner.study.racing import Races, races
+from tuner.study.racing import Races, races, refined_value
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
 from tuner.study.summary import summarize_study
@@ -224,7 +224,7 @@ def unbreakable(best: Speedup, best_processes: int, other: Speedup, other_proces
     return math.log(best.estimate / other.estimate) < reach
 
 
-def decided(standings: Mapping[int, Speedup], processes: Mapping[int, int] | None = None, cap: int = 0) -> str:
+def decided(standings: Mapping[int, Speedup], processes: Mapping[int, int], cap: int) -> str:
     """Why the verdict can no longer change (one phrase), or "" while it can; `processes` (pooled per candidate) and
     the `cap` tell whether the rounds left could still tell the leader from a close candidate (`unbreakable`)."""
     if not standings:
@@ -241,11 +241,7 @@ def decided(standings: Mapping[int, Speedup], processes: Mapping[int, int] | Non
             f"trial {leader} is faster than the default route, and so is every candidate that cannot be told apart "
             f"from it, each within {TIE:.0%} of its estimate (trial {tied})"
         )
-    if (
-        is_win(best)
-        and processes
-        and all(unbreakable(best, processes[leader], standings[n], processes[n], cap) for n in close)
-    ):
+    if is_win(best) and all(unbreakable(best, processes[leader], standings[n], processes[n], cap) for n in close):
         return (
             f"trial {leader} is faster than the default route; {cap} rounds could not tell it apart from trial "
             f"{tied} at these estimates"
@@ -287,13 +283,8 @@ def pick_candidates(
     """The `top_k` fastest feasible trials with distinct routes other than the default's, by the study's own figures:
     a raced trial's refined value (`tuner.study.racing`: its measurements pooled), else its value."""
     seen = {canonical_route(baseline.params)}
-    refined = raced or {}
-
-    def figure(t: FrozenTrial) -> tuple[float, int]:
-        return float((refined.get(str(t.number)) or {}).get("value_refined", t.value)), t.number
-
     out: list[FrozenTrial] = []
-    for t in sorted((t for t in trials if is_feasible(t)), key=figure):
+    for t in sorted((t for t in trials if is_feasible(t)), key=lambda t: (refined_value(t, raced or {}), t.number)):
         key = canonical_route(t.params)
         if key not in seen:
             seen.add(key)
@@ -726,8 +717,8 @@ class Session:
         """One process timing `candidate` paired with the default; both engines' samples kept as "confirm"
         measurements."""
         logs = self.log_speedups.setdefault(candidate.number, [])
-        study = self.default.value / candidate.value if self.default.value and candidate.value else None
-        target = process_target(self.ctx.spec.objective.target_halfwidth, study, logs)
+        in_study = self.default.value / candidate.value if self.default.value and candidate.value else None
+        target = process_target(self.ctx.spec.objective.target_halfwidth, in_study, logs)
         res = self._run(candidate, self.run_dir / f"r{r:02d}-{candidate.number:05d}", target, baseline=self.engine)
         if res.status == J.OK and res.latency and res.paired.get("paired"):
             if not res.paired.get("contended"):
