@@ -3,6 +3,8 @@
     python bench/aa.py replay [--studies 200]   # in-process studies on a replay landscape of identical routes
     python bench/aa.py cpu [--studies 5]        # real `tuner run` studies on no-op knobs, this machine's CPU
     python bench/aa.py cpu --busy               # the same with another process keeping one core busy (part "cpu-busy")
+    python bench/aa.py paths [--processes 16]   # one engine against itself in child processes, either way round
+                                                # (part "paths-<cap>s", by --timing-cap-s)
 
 *replay*: a landscape where every route is the same engine with realistic measured noise. It is made
 from a recorded landscape (bench/landscapes/): the timed rounds of every route that computes the
@@ -21,7 +23,14 @@ nothing: every route runs the same model with the same session options. Then `tu
 The timing lock directory is the benchmark's own, so on a machine shared with other jobs its
 timings do not queue behind theirs (they are exclusive among the benchmark's own processes only).
 
-Both write their part of the top-level key "aa" of bench/results/measurement.json (other keys of
+*paths*: the two engines of a process reach its timing by different paths (the route's engine is
+built or loaded first and gated; the baseline's is loaded for the timing). One engine, stored twice,
+is paired with itself in fresh child processes as the confirmation runs them (`make_job`,
+`run_isolated`): on the route's path as a trial is, and swapped (`Job.swapped`, the confirmation's
+every other process), alternately, `--processes` of each. Each way's offsets are pooled as the
+confirmation pools a candidate's processes (`pooled_speedup`), and so are both ways together.
+
+All write their part of the top-level key "aa" of bench/results/measurement.json (other keys of
 that file, and the other part, are kept), with the load average and the time beside the figures.
 """
 
@@ -38,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +71,7 @@ from tuner.study.verdict import SPEEDUP  # noqa: E402
 RESULTS = REPO / "bench" / "results" / "measurement.json"
 KEY = "aa"
 TARGET = 0.05  # the largest acceptable share of A/A studies that report a speedup
+WAYS = ("route-path", "swapped", "alternating")  # the paths part's rows
 LANDSCAPES = ("bench/landscapes/efficientnet_lite0.json.gz", "bench/landscapes/minilm_l6.json.gz")
 
 
@@ -173,6 +184,17 @@ def _spec(tmp: Path, index: int, args: argparse.Namespace) -> Path:
     return spec
 
 
+def _paths_spec(tmp: Path, args: argparse.Namespace) -> Path:
+    """The cpu part's study file on the ONNX Runtime backend whose one free knob changes nothing."""
+    from tests.conftest import to_toml
+
+    doc = tomllib.loads(_spec(tmp, 0, args).read_text())
+    doc["backend"] = {"name": "tests.backends:SameEngineBackend"}
+    spec = tmp / "aa-paths.toml"
+    spec.write_text(to_toml(doc))
+    return spec
+
+
 def _tuner(*argv: str, locks: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), LOCK_DIR_ENV: str(locks)}
     return subprocess.run(
@@ -230,6 +252,63 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
         **_rates(rows),
         "machine": _machine(load_before, t0),
         "studies_detail": rows,
+    }
+
+
+def run_paths(args: argparse.Namespace) -> dict[str, Any]:
+    """The paths part: one engine against itself, on the route's path and swapped, in alternate processes."""
+    from tests.models import conv_model
+    from tuner.spec import load_spec
+    from tuner.study.setup import Context
+    from tuner.worker.isolate import run_isolated
+    from tuner.worker.jobs import make_job
+
+    load_before, t0 = os.getloadavg(), time.time()
+    ways: dict[str, list[list[float]]] = {"route-path": [], "swapped": []}
+    with tempfile.TemporaryDirectory(prefix="tuner-aa-") as d:
+        tmp = Path(d)
+        conv_model(tmp / "tiny.onnx")
+        spec = _paths_spec(tmp, args)
+        objective = tomllib.loads(spec.read_text())["objective"]
+        ctx = Context(load_spec(spec), f"sqlite:///{tmp / 'aa.db'}")
+        default = ctx.space.default_route()
+        other = dict(default, noop="b")  # the same engine under another route
+        engines = {}
+        for name, route in (("default", default), ("other", other)):
+            built = run_isolated(make_job(ctx, route, tmp / name / "out"), tmp / name)
+            engines[name] = {"trial": 0, "path": built.artifact_path, "sha256": built.artifact_sha256, "route": route}
+        for i in range(args.processes):
+            for way, route, baseline in (("route-path", other, "default"), ("swapped", default, "other")):
+                job = make_job(ctx, route, tmp / f"{way}-{i}" / "out", baseline=engines[baseline])
+                job.swapped = way == "swapped"
+                res = run_isolated(job, tmp / f"{way}-{i}")
+                if res.status != J.OK or not res.paired.get("paired"):
+                    raise SystemExit(f"process {i} ({way}): {res.status}: {res.message}")
+                ways[way].append(list(res.paired["log_ratios"]))
+            print(f"process {i}: {', '.join(f'{w} {math.exp(statistics.mean(m[-1])):.4f}' for w, m in ways.items())}")
+    return {
+        "backend": "tests.backends:SameEngineBackend (ONNX Runtime; its knob `noop` changes nothing)",
+        "model": "tests.models.conv_model (tiny CNN)",
+        "objective": objective,
+        "processes_each_way": args.processes,
+        **{way: _offsets(m) for way, m in ways.items()},
+        "alternating": _offsets([m for pair in zip(*ways.values()) for m in pair]),
+        "machine": _machine(load_before, t0),
+    }
+
+
+def _offsets(measurements: list[list[float]]) -> dict[str, Any]:
+    """How far one engine timed against itself sits from 1.0: per process and pooled as the confirmation pools."""
+    from tuner.measure.speedup import pooled_speedup, speedup_from_log_ratios
+
+    own = [speedup_from_log_ratios(m, 0.95).estimate for m in measurements]
+    pooled = pooled_speedup(measurements, 0.95, few=True)
+    return {
+        "processes": len(measurements),
+        "above_1": sum(x > 1.0 for x in own),
+        "per_process": _r(own),
+        "pooled": _r(pooled.estimate),
+        "pooled_ci95": _r([pooled.low, pooled.high]),
     }
 
 
@@ -312,7 +391,8 @@ def write_part(part: str, doc: dict[str, Any], path: Path = RESULTS) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(prog="python bench/aa.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("part", choices=("replay", "cpu"))
+    p.add_argument("part", choices=("replay", "cpu", "paths"))
+    p.add_argument("--processes", type=int, default=16, help="paths: processes each way")
     p.add_argument("--studies", type=int, default=None, help="studies (default: 200 per landscape replay, 5 cpu)")
     p.add_argument("--trials", type=int, default=None, help="trial budget per study (default: 20 replay, 6 cpu)")
     p.add_argument(
@@ -339,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     args.trials = args.trials or (20 if replay_part else 6)
     args.top_k = args.top_k or (3 if replay_part else 1)
     part = args.part + ("-busy" if args.busy and not replay_part else "")
+    if args.part == "paths":
+        doc = run_paths(args)
+        write_part(f"paths-{args.timing_cap_s:g}s", doc, args.out)
+        rows = [f"{w} {doc[w]['pooled']}x {doc[w]['pooled_ci95']} ({doc[w]['above_1']} above 1)" for w in WAYS]
+        print("paths: pooled offsets " + ", ".join(rows))
+        return 0
     if replay_part:
         doc = run_replay(args)
     else:

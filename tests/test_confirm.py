@@ -34,6 +34,7 @@ from tuner.worker.isolate import run_isolated
 from tuner.worker.jobs import make_job
 
 SAME_ENGINE = "tests.backends:SameEngineBackend"
+SKEWED = "tests.backends:SkewedBackend"
 
 
 def test_signed_rank_null_distribution_is_exact() -> None:
@@ -347,6 +348,22 @@ def test_reuse_runs_the_stored_artifact_and_rebuilds_when_it_is_gone(write_spec:
     assert rebuilt.artifact_path != str(stored) and "rebuilding" in rebuilt.log
 
 
+def test_a_swapped_process_times_the_engine_loaded_as_the_baseline_as_the_candidate(
+    write_spec: SpecWriter, tmp_path: Path
+) -> None:
+    ctx = Context(load_spec(write_spec(**{"backend.name": SKEWED})), f"sqlite:///{tmp_path / 'x.db'}")
+    default = ctx.space.default_route()  # fp32: every call of its engine is slowed by 5 ms
+    fast = dict(default, precision="fp16")
+    built = run_isolated(make_job(ctx, fast, tmp_path / "fast" / "out"), tmp_path / "fast")
+    assert built.status == J.OK, built.message
+    engine = {"trial": 1, "path": built.artifact_path, "sha256": built.artifact_sha256, "route": fast}
+    job = make_job(ctx, default, tmp_path / "swap" / "out", baseline=engine, swapped=True)
+    res = run_isolated(job, tmp_path / "swap")
+    assert res.status == J.OK, res.message  # the default's engine was the one gated and checked
+    assert res.paired["swapped"] is True and res.paired["speedup"] > 10  # the fast engine, timed as the candidate
+    assert res.latency["median"] < 1.0 < res.paired["baseline_latency"]["median"]
+
+
 @pytest.mark.slow
 def test_a_study_with_nothing_to_find_reports_no_win(cli, write_spec: SpecWriter, pg_url: str) -> None:
     spec = write_spec(**{"backend.name": SAME_ENGINE, "run.budget": 5, "run.startup_trials": 5})
@@ -373,6 +390,8 @@ def test_a_study_with_nothing_to_find_reports_no_win(cli, write_spec: SpecWriter
         cand["trial"],
     }  # both engines of each process
     assert sorted(m.stats["round"] for m in confirm_runs) == sorted(list(range(rounds)) * 2)
+    swaps = [m.stats["paired"].get("swapped", False) for m in confirm_runs if m.trial_number == cand["trial"]]
+    assert sum(swaps) == rounds // 2 or cand["contended"], swaps  # every other process the engines trade places
     assert len({m.result_key for m in confirm_runs}) == 1 and all(len(m.samples_ms) >= 5 for m in confirm_runs)
 
     best = cli("best", str(spec), "--storage", pg_url)

@@ -123,6 +123,10 @@ class Job:
     baseline: dict[str, Any] | None = None  # the baseline engine to pair with: {"trial", "path", "sha256", "route"}
     baseline_wait_s: float = 0.0  # how long the worker waited for the baseline trial before starting the child
     unpaired: str = ""  # why there is no baseline to pair with, when the worker knows (tuner.worker.pairing)
+    # The engines trade places: `route` is the default's and `baseline` the candidate's engine. The child loads and
+    # gates the route's engine as always but times `baseline` as the candidate, so what the route's own loading path
+    # gives its engine goes to the default; the confirmation alternates this (tuner.worker.timing).
+    swapped: bool = False
     incumbent: float | None = None  # stop as `slow` when the speedup interval lies entirely below this
     incumbent_high: float | None = None  # stop as `ahead` when it lies entirely above this
     # The build occupies the host's cores (`Backend.build_uses_host_cores`): the child then starts and builds

@@ -4,15 +4,19 @@ A study's best trial is the minimum of many noisy measurements, so it is biased 
 each of the top-k feasible non-default routes is timed again against the default route. A *round*
 runs one fresh child process per candidate (`run_isolated` on the trial's stored artifact, see
 `tuner.study.reuse`), in an order rotated from round to round, and each child times the candidate
-paired with the default's engine in ABBA blocks, as a trial is timed (`tuner.worker.timing`). A
+paired with the default's engine in ABBA blocks, as a trial is timed (`tuner.worker.timing`). The
+two engines reach a child's timing by different paths, and the path of the route's own engine gave
+it about 1 % in an A/A test: every other process of a candidate swaps them (`Job.swapped`: the
+default's engine loaded as the route, the candidate's as the baseline), so that share cancels in the
+pooled estimate and its spread widens the interval. A
 process's ratio can sit a few percent off another's for its whole life, so one candidate's processes
 are pooled as a random-effects combination (`tuner.measure.speedup.pooled_speedup`, as racing
 does, with the Hartung-Knapp interval a few measurements need), whose interval widens when they disagree.
 
 A win is reported only when its interval lies above MIN_SPEEDUP, not merely above 1.0: the processes
 of one study are not fully independent draws (their estimates sit together, each study at its own
-offset; why is not established), and an A/A study of one engine against itself showed pooled offsets
-of up to 1.4 % whose intervals excluded 1.0 (docs/measurement.md).
+offset), and an A/A study of one engine against itself showed pooled offsets of up to 1.4 % whose
+intervals excluded 1.0 before the processes alternated the engines' paths (docs/measurement.md).
 
 Rounds run one after another and stop as soon as the verdict cannot change (`decided`): the
 leader's interval lies above MIN_SPEEDUP and clear of every other candidate's; or it lies above
@@ -686,7 +690,7 @@ class Session:
 
     def _build_default(self) -> None:
         """The default's engine is not stored on this host: build it once for this confirmation."""
-        res = self._run(self.default, self.run_dir / "default")
+        res = self._run(self.default.params, self.stored(self.default), self.run_dir / "default")
         if res.status != J.OK or not res.artifact_path:
             self.default_failure = f"{res.status}: {res.message}"[:300]
             return
@@ -697,29 +701,43 @@ class Session:
             "route": dict(self.default.params),
         }
 
-    def _run(self, trial: FrozenTrial, trial_dir: Path, target: float | None = None, **pairing: Any) -> J.Result:
-        """Run the route of `trial` once in a fresh child, on its stored artifact where that is still here (timed to
-        the half-width `target` when given)."""
+    def stored(self, trial: FrozenTrial) -> tuple[Path | None, str | None]:
+        """`trial`'s stored artifact (None where it is not on this host: the child builds the route) and its hash."""
         sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
         record = self.store.artifact(sha) if sha else None
-        job = make_job(self.ctx, dict(trial.params), trial_dir / "out", **pairing)
+        return (Path(record.path) if record else None), sha
+
+    def _run(
+        self,
+        route: Mapping[str, Any],
+        artifact: tuple[Path | None, str | None],
+        trial_dir: Path,
+        target: float | None = None,
+        **pairing: Any,
+    ) -> J.Result:
+        """Run `route` once in a fresh child, on its stored `artifact` (path, hash) where that is still here (timed
+        to the half-width `target` when given)."""
+        job = make_job(self.ctx, dict(route), trial_dir / "out", **pairing)
         if target is not None:
             job.objective = replace(job.objective, target_halfwidth=target)
         job.backend = WRAPPER
-        return run_isolated(
-            job,
-            trial_dir,
-            self.handle,
-            reuse_env(self.ctx.spec.backend.name, Path(record.path) if record else None, sha),
-        )
+        return run_isolated(job, trial_dir, self.handle, reuse_env(self.ctx.spec.backend.name, *artifact))
 
     def measure(self, candidate: FrozenTrial, r: int) -> J.Result:
-        """One process timing `candidate` paired with the default; both engines' samples kept as "confirm"
-        measurements."""
+        """One process timing `candidate` paired with the default (every other one of a candidate with the engines
+        swapped, `Job.swapped`); both engines' samples kept as "confirm" measurements."""
         logs = self.log_speedups.setdefault(candidate.number, [])
         in_study = self.default.value / candidate.value if self.default.value and candidate.value else None
         target = process_target(self.ctx.spec.objective.target_halfwidth, in_study, logs)
-        res = self._run(candidate, self.run_dir / f"r{r:02d}-{candidate.number:05d}", target, baseline=self.engine)
+        trial_dir = self.run_dir / f"r{r:02d}-{candidate.number:05d}"
+        own = stored_engine(self.store, candidate)
+        if len(logs) % 2 == 1 and own is not None and self.engine is not None:
+            # every other process the engines trade places (`Job.swapped`): the default's is loaded and gated as the
+            # route, the candidate's as the baseline, so what either loading path gives its engine cancels
+            default_artifact = (Path(self.engine["path"]), self.engine["sha256"])
+            res = self._run(self.default.params, default_artifact, trial_dir, target, baseline=own, swapped=True)
+        else:
+            res = self._run(candidate.params, self.stored(candidate), trial_dir, target, baseline=self.engine)
         if res.status == J.OK and res.latency and res.paired.get("paired"):
             if not res.paired.get("contended"):
                 logs.append(math.log(float(res.paired["speedup"])))
@@ -752,7 +770,7 @@ class Session:
 
 
 def _pairing(res: J.Result) -> dict[str, Any]:
-    return {k: res.paired[k] for k in ("speedup", "ci", "stop", "cycles", "contended") if k in res.paired}
+    return {k: res.paired[k] for k in ("speedup", "ci", "stop", "cycles", "contended", "swapped") if k in res.paired}
 
 
 def _store(study: optuna.Study, doc: dict[str, Any]) -> dict[str, Any]:

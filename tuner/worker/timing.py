@@ -6,7 +6,12 @@
    nobody runs it, or it ran on another host) the trial is measured unpaired: `paired` False and
    `unpaired` says why. The baseline is loaded by the trial's own backend from its stored artifact,
    holding the host lock shared like a build. Inductor recompiles it from its on-disk cache:
-   `baseline_load_s` records what that costs per trial.
+   `baseline_load_s` records what that costs per trial. The two engines do not reach the timing alike
+   (the route's is loaded first and gated, and the gate's outputs stay alive): in an A/A test of one
+   engine against itself with short timings the route's engine timed about 1 % faster in 14 of 16
+   processes (docs/measurement.md). With `job.swapped` the engines trade places (`route` is the default's,
+   `baseline` the candidate's engine, timed as the candidate; `swapped` is recorded), and the
+   confirmation alternates it, so that advantage falls to each side in turn.
 2. **The timing.** The device lock is taken exclusive (`tuner.measure.exclusive`); the load average
    is read before and after, and on a GPU the SM/memory clocks before and after every attempt; then
    `tuner.measure.paired.measure_paired` runs with the job's policy, unset fields taking the
@@ -133,6 +138,11 @@ def time_trial(
     multi = len(shapes) > 1
     with ExitStack() as stack:
         baseline = _baseline(job, backend, ctx, stack, info)
+        if job.swapped:  # the candidate's engine was loaded as the baseline: it is timed as the candidate
+            if baseline is None:
+                raise RuntimeError(f"the candidate's engine could not be timed: {info['unpaired']}")
+            runner, baseline = baseline, runner
+            info["swapped"] = True
         gpu = runner.timing_info().get("clock") in GPU_CLOCKS
         policy = policy_for(job, gpu)
         clocks: Callable[[], dict[str, Any]] | None = (lambda: _clocks(runner)) if gpu else None
