@@ -7,7 +7,8 @@ runs one fresh child process per candidate (`run_isolated` on the trial's stored
 paired with the default's engine in ABBA blocks, as a trial is timed (`tuner.worker.timing`). The
 two engines reach a child's timing by different paths, and the path of the route's own engine gave
 it about 1 % in an A/A test: every other process of a candidate swaps them (`Job.swapped`: the
-default's engine loaded as the route, the candidate's as the baseline), so that share cancels in the
+default's engine loaded as the route, the candidate's as the baseline; where the candidate's engine
+is stored on this host, else it is built in its process as before), so that share cancels in the
 pooled estimate and its spread widens the interval. A
 process's ratio can sit a few percent off another's for its whole life, so one candidate's processes
 are pooled as a random-effects combination (`tuner.measure.speedup.pooled_speedup`, as racing
