@@ -1,7 +1,8 @@
 """Keep one core busy with another process, as other work on a shared host does (bench/load.py, bench/aa.py --busy).
 
 The busy process is a plain Python loop in its own interpreter (not a tuner process, so the host
-timing lock does not keep it out); it runs until the block ends and is then killed by its pid.
+timing lock does not keep it out); it runs until the block ends and is then killed by its pid, and it
+dies with the benchmark that started it when that is stopped by a signal (`PR_SET_PDEATHSIG`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-SPIN = "while True:\n    pass\n"
+from tuner.worker.lifeline import PARENT_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+SPIN = "from tuner.worker.lifeline import die_with_parent\ndie_with_parent()\nwhile True:\n    pass\n"
 
 
 @dataclass
@@ -43,7 +48,8 @@ class Busy:
 @contextlib.contextmanager
 def busy_core() -> Iterator[Busy]:
     """Run a process that keeps one core busy for the duration of the block."""
-    proc = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(REPO), PARENT_ENV: str(os.getpid())}
+    proc = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL, env=env)
     busy = Busy(proc, time.monotonic())
     try:
         yield busy
