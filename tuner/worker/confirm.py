@@ -691,7 +691,7 @@ class Session:
 
     def _build_default(self) -> None:
         """The default's engine is not stored on this host: build it once for this confirmation."""
-        res = self._run(self.default.params, self.stored(self.default), self.run_dir / "default")
+        res = self._run(self.default.params, _artifact(None, self.default), self.run_dir / "default")
         if res.status != J.OK or not res.artifact_path:
             self.default_failure = f"{res.status}: {res.message}"[:300]
             return
@@ -701,12 +701,6 @@ class Session:
             "sha256": res.artifact_sha256,
             "route": dict(self.default.params),
         }
-
-    def stored(self, trial: FrozenTrial) -> tuple[Path | None, str | None]:
-        """`trial`'s stored artifact (None where it is not on this host: the child builds the route) and its hash."""
-        sha = trial.user_attrs.get(A.ARTIFACT_SHA256)
-        record = self.store.artifact(sha) if sha else None
-        return (Path(record.path) if record else None), sha
 
     def _run(
         self,
@@ -735,10 +729,10 @@ class Session:
         if len(logs) % 2 == 1 and own is not None and self.engine is not None:
             # every other process the engines trade places (`Job.swapped`): the default's is loaded and gated as the
             # route, the candidate's as the baseline, so what either loading path gives its engine cancels
-            default_artifact = (Path(self.engine["path"]), self.engine["sha256"])
+            default_artifact = _artifact(self.engine, self.default)
             res = self._run(self.default.params, default_artifact, trial_dir, target, baseline=own, swapped=True)
         else:
-            res = self._run(candidate.params, self.stored(candidate), trial_dir, target, baseline=self.engine)
+            res = self._run(candidate.params, _artifact(own, candidate), trial_dir, target, baseline=self.engine)
         if res.status == J.OK and res.latency and res.paired.get("paired"):
             if not res.paired.get("contended"):
                 logs.append(math.log(float(res.paired["speedup"])))
@@ -768,6 +762,14 @@ class Session:
                 )
             )
         return res
+
+
+def _artifact(engine: Mapping[str, Any] | None, trial: FrozenTrial) -> tuple[Path | None, str | None]:
+    """A child's stored artifact (path, hash) from `trial`'s stored engine (`stored_engine`); without one, no path
+    (the child builds the route) and the trial's hash."""
+    if engine is not None:
+        return Path(engine["path"]), engine["sha256"]
+    return None, trial.user_attrs.get(A.ARTIFACT_SHA256)
 
 
 def _pairing(res: J.Result) -> dict[str, Any]:
