@@ -122,8 +122,8 @@ def local_forest(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
 
 
 def local_previous(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
-    """Sampler 'local' as it was before sub-knob values were learnt within their variant and the full accuracy check got
-    a model of its own (`LocalSearchSampler(previous=True)`)."""
+    """Sampler 'local' as it was before its latency models learnt sub-knob values within their variant
+    (`LocalSearchSampler(previous=True)`)."""
     return NoRepeatSampler(LocalSearchSampler(space, seed, previous=True), seed)
 
 
@@ -295,8 +295,8 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             "local-previous",
-            "sampler 'local' as it was before sub-knob values were learnt within their variant and the full accuracy "
-            "check got a model of its own (the previous default)",
+            "sampler 'local' as it was before its latency models learnt sub-knob values within their variant (the "
+            "previous default)",
             local_previous,
             candidate=True,
         ),

@@ -69,14 +69,13 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         self, space: SearchSpace, seed: int | None = None, portfolio: bool = True, previous: bool = False
     ) -> None:
         """`portfolio` False: the forests alone (the sampler as it was before the additive and linear models).
-        `previous` True: the sampler as it was before sub-knob values were learnt within their variant and the full
-        accuracy check got a model of its own (the benchmark's comparison row)."""
+        `previous` True: the sampler as it was before the latency models learnt sub-knob values within their variant
+        (one column per knob value; the benchmark's comparison row)."""
         self.space = space
         self.portfolio = portfolio
-        self.previous = previous
         self.groups = knob_groups(space)
-        self.encoder = Encoder(space)
-        self.nested = self.encoder if previous else Encoder(space, nested=True)
+        self.encoder = Encoder(space, nested=True)
+        self.latency_encoder = Encoder(space) if previous else None
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self._rings: dict[tuple[Any, int], list[tuple[Any, Route]]] = {}  # (centre, radius) -> keyed routes: `around`
@@ -189,8 +188,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
             int(self.rng.integers(2**31)),
             additive,
             linear=self.portfolio,
-            nested_encoder=self.nested,
-            staged=not self.previous,
+            latency_encoder=self.latency_encoder,
         )
 
     def score(self, model: Surrogate | None, candidates: list[Route], reference: float) -> np.ndarray:

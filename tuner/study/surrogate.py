@@ -19,11 +19,13 @@ Fitted on every finished trial:
   the routes that were checked on every feed (a slow-pruned route stopped before it: `Observation.
   checked` False) by a random forest, once both outcomes were seen. Before, a slow route counted
   feasible: an fp16 variant inaccurate under a strict tolerance looked feasible whenever it was also
-  slow, and drew builds. Both stages see a sub-knob's value *within its variant*
-  (`Encoder(nested=True)`: `per_channel = True` of dynamic int8 is another column than that of
-  static int8), so a failure is carried to the routes sharing the failing variant and its sub-knob
-  values, not to every route with the same sub-knob value: a static int8 route failing the gate no
-  longer condemns dynamic int8 with per-channel weights.
+  slow, and drew builds.
+Every model sees a sub-knob's value *within its variant* (`Encoder(nested=True)`: `per_channel = True`
+of dynamic int8 is another column than that of static int8), so a failure is carried to the routes
+sharing the failing variant and its sub-knob values, not to every route with the same sub-knob value
+(a static int8 route failing the gate no longer condemns dynamic int8 with per-channel weights), and
+a sub-knob's effect on latency is learnt for its own variant (`keep_fp32 = "none"` speeds fp16 up by
+another amount than `"sensitive"` does; measured on the recorded landscapes, docs/search-efficiency.md).
 Observations carried over from other studies (`tuner.study.warm_start`) join all of them with a lower
 weight. A candidate's score is its expected improvement in log latency over the incumbent (the
 forest's trees give the spread) times its probability of being feasible.
@@ -99,8 +101,8 @@ class Encoder:
 
 class Surrogate:
     """The models, fitted on `observations` (`additive`, `linear`: see the module docstring); `score` ranks
-    candidate routes. The feasibility models encode routes with `nested_encoder` where one is given (else
-    `encoder`); `staged` False: one feasibility stage, every outcome's verdict as its label (slow routes feasible)."""
+    candidate routes. Routes are encoded by `encoder`, those of the latency models by `latency_encoder` where one
+    is given (the benchmark's row of the sampler as it was before: one column per knob value)."""
 
     def __init__(
         self,
@@ -109,35 +111,33 @@ class Surrogate:
         seed: int,
         additive: bool = False,
         linear: bool = False,
-        nested_encoder: Encoder | None = None,
-        staged: bool = True,
+        latency_encoder: Encoder | None = None,
     ) -> None:
         import sklearn.ensemble  # noqa: F401  (loaded before the limit, so that the limit covers what it loads)
         import sklearn.linear_model  # noqa: F401
 
         with threadpool_limits(limits=1):
-            self._fit(encoder, observations, seed, additive, linear, nested_encoder or encoder, staged)
+            self._fit(encoder, latency_encoder or encoder, observations, seed, additive, linear)
 
     def _fit(
         self,
         encoder: Encoder,
+        latency_encoder: Encoder,
         observations: Sequence[Observation],
         seed: int,
         additive: bool,
         linear: bool,
-        nested: Encoder,
-        staged: bool,
     ) -> None:
         from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
         from sklearn.linear_model import LogisticRegression, Ridge
 
         self.encoder = encoder
-        self.nested = nested
+        self.latency_encoder = latency_encoder
         timed = [o for o in observations if o.log_ratio is not None]
         self.latency = None
         self.additive = None
         if len(timed) >= 2:
-            x, y, w = encoder([o.route for o in timed]), np.array([o.log_ratio for o in timed]), _weights(timed)
+            x, y, w = latency_encoder([o.route for o in timed]), np.array([o.log_ratio for o in timed]), _weights(timed)
             if additive:
                 self.additive = Ridge(alpha=RIDGE_ALPHA).fit(x, y, sample_weight=w)
                 y = y - self.additive.predict(x)
@@ -145,25 +145,25 @@ class Surrogate:
                 n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
             )
             self.latency.fit(x, y, sample_weight=w)
-        gate = [_passed_gate(o) for o in observations] if staged else [o.feasible for o in observations]
+        gate = [_passed_gate(o) for o in observations]
         labels = set(gate)
         self.feasibility = None
         self.linear_feasibility = None
         if len(labels) == 2:
-            x, w = nested([o.route for o in observations]), _weights(observations)
+            x, w = encoder([o.route for o in observations]), _weights(observations)
             self.feasibility = RandomForestClassifier(
                 n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
             )
             self.feasibility.fit(x, gate, sample_weight=w)
             if linear:
                 self.linear_feasibility = LogisticRegression(C=LOGISTIC_C, max_iter=1000).fit(x, gate, sample_weight=w)
-        checked = [o for o in observations if staged and o.checked and o.log_ratio is not None]
+        checked = [o for o in observations if o.checked and o.log_ratio is not None]
         self.accurate = None
         if len({o.feasible for o in checked}) == 2:
             self.accurate = RandomForestClassifier(
                 n_estimators=TREES, min_samples_leaf=1, max_features=0.5, random_state=seed
             )
-            self.accurate.fit(nested([o.route for o in checked]), [o.feasible for o in checked], _weights(checked))
+            self.accurate.fit(encoder([o.route for o in checked]), [o.feasible for o in checked], _weights(checked))
         self.all_feasible = labels == {True}
 
     def predict(self, routes: Sequence[Mapping[str, Value]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -172,7 +172,7 @@ class Surrogate:
             return self._predict(routes)
 
     def _predict(self, routes: Sequence[Mapping[str, Value]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        x = self.encoder(routes)
+        x = self.latency_encoder(routes)
         if self.latency is None:
             mean, spread = np.zeros(len(routes)), np.ones(len(routes))
         else:
@@ -180,7 +180,7 @@ class Surrogate:
             if self.additive is not None:
                 per_tree += self.additive.predict(x)
             mean, spread = per_tree.mean(axis=0), np.maximum(per_tree.std(axis=0), MIN_SPREAD)
-        xf = x if self.nested is self.encoder else self.nested(routes)
+        xf = x if self.latency_encoder is self.encoder else self.encoder(routes)
         if self.feasibility is not None:
             feasible = _probability_feasible(self.feasibility, xf)
             if self.linear_feasibility is not None:
