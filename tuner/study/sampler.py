@@ -7,8 +7,8 @@ instead took TPE from 2.3-3 trials per build (300 trials for 80 builds on MiniLM
 the median builds until the best route from 94/22/21/48 to 32/16/20/31 on the four scenarios.
 
 The default sampler is "local" (`tuner.study.local_search`: a local search over knob groups ranked by
-random forests and additive models, feasibility learnt in two stages with sub-knobs encoded within their
-variant), measured by the route it *delivers* through the tuner's own study code on the recorded
+random forests and additive models, feasibility learnt in two stages, every model seeing sub-knobs within
+their variant), measured by the route it *delivers* through the tuner's own study code on the recorded
 landscapes (`bench/results/search-efficiency.json`, docs/search-efficiency.md, which also says where
 it misses the goal and what the project's choice rule says of it).
 """
