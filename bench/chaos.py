@@ -498,6 +498,8 @@ class Seed:
         return {
             "pid": victim,
             "children": len(kids),
+            "children_gone": [pid for pid in kids if pid not in alive],
+            "gone_at_unix": time.time(),
             "children_gone_after_s": round(time.monotonic() - t, 2),
             "children_left": len(alive),
         }
@@ -508,7 +510,17 @@ class Seed:
             return {"skipped": "no child"}
         pid, ppid = self.rng.choice(sorted(children))
         os.kill(pid, signal.SIGKILL)
-        return {"pid": pid, "worker": ppid}
+        return {"pid": pid, "worker": ppid, "gone_at_unix": time.time()}
+
+    def killed_children(self) -> dict[int, float]:
+        """The children this run killed, directly or with their worker: pid -> Unix time by which they were gone."""
+        killed: dict[int, float] = {}
+        for f in self.faults:
+            if f["fault"] == "kill_child" and "gone_at_unix" in f:
+                killed[f["pid"]] = f["gone_at_unix"]
+            elif f["fault"] == "kill_worker" and "gone_at_unix" in f:
+                killed.update((pid, f["gone_at_unix"]) for pid in f["children_gone"])
+        return killed
 
     def stop_worker(self) -> dict[str, Any]:
         """SIGSTOP a worker that holds a trial until that trial is reaped; a worker caught between two trials
@@ -857,6 +869,7 @@ class Seed:
         lost, given_up = _unresolved(trials, counted, requeued)
         cache = _query(self.direct, "SELECT status, result->>'message' FROM tuner_results")
         builds = [json.loads(p.read_text()) for p in self.build_log.glob("*.json")]
+        overlaps = _concurrent_duplicates(builds, self.build_s, self.killed_children())
         orphans = [cmd for _, _, cmd in _procs() if str(self.spec) in cmd or str(self.disk) in cmd]
         kills = [f for f in self.faults if f["fault"] == "kill_worker" and "children_left" in f]
         lost_routes = [t["route"] for t in trials if t["class"] == "lost" and t["route"] != "{}"]
@@ -889,7 +902,8 @@ class Seed:
                 if counted_routes.count(t["route"]) > 1
             ],
             "cache_hits": sum(1 for t in counted if t["cache_hit"]),
-            "concurrent_duplicate_builds": _concurrent_duplicates(builds, self.build_s),
+            "concurrent_duplicate_builds": len(overlaps),
+            "overlapping_builds": overlaps,
             "builds": len(builds),
             "orphans_after_run": len(orphans),
             "children_alive_5s_after_worker_kill": sum(f["children_left"] for f in kills)
@@ -933,17 +947,20 @@ def _unresolved(
     return [t for t in open_ if t not in given_up], given_up
 
 
-def _concurrent_duplicates(builds: list[dict[str, Any]], build_s: float) -> int:
-    """Pairs of builds of one route that overlapped in time (a killed build counts as lasting build_s)."""
-    by_route: dict[str, list[tuple[float, float]]] = {}
+def _concurrent_duplicates(
+    builds: list[dict[str, Any]], build_s: float, killed: dict[int, float]
+) -> list[list[dict[str, Any]]]:
+    """The pairs of builds of one route that overlapped in time. A build without an end was killed: it ended when its
+    process was killed (`killed`: pid -> Unix time by which it was gone) or, where that is not known, build_s after
+    it began."""
+    by_route: dict[str, list[dict[str, Any]]] = {}
     for b in builds:
-        by_route.setdefault(json.dumps(b["route"], sort_keys=True), []).append(
-            (b["start"], b.get("end") or b["start"] + build_s)
-        )
-    pairs = 0
+        span = {"pid": b["pid"], "start": b["start"], "end": b.get("end") or killed.get(b["pid"], b["start"] + build_s)}
+        by_route.setdefault(json.dumps(b["route"], sort_keys=True), []).append(span)
+    pairs = []
     for spans in by_route.values():
-        spans.sort()
-        pairs += sum(1 for i in range(len(spans)) for j in range(i + 1, len(spans)) if spans[j][0] < spans[i][1])
+        spans.sort(key=lambda span: span["start"])
+        pairs += [[a, b] for i, a in enumerate(spans) for b in spans[i + 1 :] if b["start"] < a["end"]]
     return pairs
 
 
