@@ -27,6 +27,7 @@ from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
 from tuner.study import attrs as A
 from tuner.study import verdict as V
+from tuner.study.racing import Standing
 from tuner.study.reuse import WRAPPER, reuse_env
 from tuner.study.setup import Context
 from tuner.worker import confirm as C
@@ -204,6 +205,40 @@ def test_candidates_that_cannot_be_told_apart_but_all_win_decide_the_verdict() -
     assert not any("cannot be told apart" in e.decided for e in events)
     doc, events = _run({1: 2.0, 2: 1.01})  # one clear leader, the other not a win: no tie, decided by separation
     assert doc["winner_trial"] == 1 and "also confirmed" not in doc["message"]
+
+
+def test_of_wins_it_cannot_tell_apart_the_confirmation_names_the_one_the_study_also_measured_faster() -> None:
+    """Two wins whose processes cannot order them: the study's own measurements (racing's standings) break the tie;
+    the speedup and interval reported stay the confirmation's, and wins told apart keep their order."""
+    rng = np.random.default_rng(11)
+    candidates = [C.Candidate(_trial(n, "ab"[n - 1], 4.0)) for n in (1, 2)]
+    level = C.interval_level(0.95, 2, 8)
+    stopped = C.run_rounds(
+        candidates, lambda t, r: _paired(rng, 2.0, spread=0.3), 8, level, "median", lambda e: None
+    )  # one engine twice, processes far apart: a tie in either order
+    alone = C.judge(candidates, level, 0.95, 8, stopped, "median")
+    fastest = alone["trial"]
+    other = 3 - fastest
+    assert alone["verdict"] == V.SPEEDUP and "named before" not in alone["message"]
+    own = {
+        fastest: Standing(fastest, 2.0, 1.96, 2.04, 2),
+        other: Standing(other, 2.3, 2.25, 2.35, 2),
+    }  # the study measured the other one faster, tightly
+    doc = C.judge(candidates, level, 0.95, 8, stopped, "median", own)
+    assert doc["trial"] == doc["winner_trial"] == other, doc["message"]
+    assert f"named before trial {fastest} (" in doc["message"], doc["message"]
+    row = next(c for c in doc["candidates"] if c["trial"] == other)
+    assert doc["speedup"] == row["speedup"] and doc["ci"] == [row["low"], row["high"]]  # the confirmation's figures
+    vague = {other: Standing(other, 2.3, 1e-3, 1e3, 0)}  # a study figure too wide to say anything: no change
+    assert C.judge(candidates, level, 0.95, 8, stopped, "median", vague)["trial"] == fastest
+
+    rng = np.random.default_rng(12)
+    apart = [C.Candidate(_trial(n, "ab"[n - 1], 4.0)) for n in (1, 2)]
+    stopped = C.run_rounds(
+        apart, lambda t, r: _paired(rng, {1: 2.0, 2: 1.5}[t.number]), 8, level, "median", lambda e: None
+    )
+    told = {1: Standing(1, 1.5, 1.49, 1.51, 2), 2: Standing(2, 2.5, 2.49, 2.51, 2)}
+    assert C.judge(apart, level, 0.95, 8, stopped, "median", told)["trial"] == 1  # told apart: the study's say is moot
 
 
 def test_a_win_the_cap_could_not_tell_from_its_rivals_is_decided_early() -> None:
