@@ -141,6 +141,22 @@ def truth_for(scenario: Scenario) -> Truth:
     return Truth(landscape, tol, metric=scenario.metric or "", statistic=landscape.meta["objective"]["statistic"])
 
 
+def unmade_sampler(names: Sequence[str], scenarios: Sequence[Scenario]) -> str:
+    """ "" when every named study strategy's sampler can be made here, else one line naming the first that cannot and
+    why (a library it needs is not installed: SMAC3 comes with the `bench` extra), before any run is spent."""
+    if not scenarios:
+        return ""
+    space = truth_for(scenarios[0]).space
+    for name in names:
+        factory = STRATEGIES[name].sampler
+        try:
+            if factory is not None:
+                factory(space, 0)
+        except ImportError as exc:
+            return f"{name}: {exc} (pip install '.[bench]')"
+    return ""
+
+
 def drift_share(scenario: Scenario) -> float:
     """How much recorded between-round drift the scenario's replay carries."""
     landscape = truth_for(scenario).landscape
@@ -740,6 +756,10 @@ def main(argv: list[str] | None = None) -> int:
         plot(doc, args.png)
         return 0
     scenarios = [s for s in available(SCENARIOS) if s.name in args.scenarios]
+    unmade = unmade_sampler(args.strategies, scenarios)
+    if unmade:
+        print(f"error: --strategies {unmade}", file=sys.stderr)
+        return 2
     deadline = time.monotonic() + args.stop_after
     import optuna
 

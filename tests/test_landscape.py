@@ -265,9 +265,10 @@ def test_scores_of_a_known_sequence(recorded) -> None:
 
 
 def test_the_benchmark_command_writes_json_markdown_and_png(recorded, tmp_path: Path) -> None:
-    def bench(*extra: str) -> subprocess.CompletedProcess[str]:
+    def bench(*extra: str, without: str = "") -> subprocess.CompletedProcess[str]:
         script = f"""
 import sys; sys.argv = ['x']
+if {without!r}: sys.modules[{without!r}] = None  # that library not installed: importing it raises ImportError
 sys.path.insert(0, {str(REPO)!r})
 import bench.search_efficiency as se
 se.SCENARIOS = (se.Scenario('tiny', {str(recorded[1])!r}, 'tiny', 1.0),
@@ -295,6 +296,10 @@ sys.exit(se.main(['--seeds', '2', '--budget', '6', '--strategies', *{list(extra)
     assert len(doc["results"]["tiny"]["local"]["runs"]) == 2
     md = (tmp_path / "r.md").read_text()
     assert "<!-- results:begin -->" in md and "| `gpt-fast` |" in md
+    before = (tmp_path / "r.json").read_bytes()
+    unmade = bench("random", "smac", without="ConfigSpace")  # SMAC3 missing: refused before any run, one line
+    assert unmade.returncode == 2 and unmade.stderr.strip().startswith("error: --strategies smac: "), unmade.stderr
+    assert len(unmade.stderr.strip().splitlines()) == 1 and (tmp_path / "r.json").read_bytes() == before
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
