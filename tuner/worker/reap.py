@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import job as J
-from tuner.store.db import OUTAGE, is_db_fault, study_lock
+from tuner.store.db import OUTAGE, RETRY_CAP_S, is_db_fault, study_lock
 from tuner.store.leases import Fence, Leases
 from tuner.study import optuna_adapter as oa
 from tuner.study import outcome
@@ -45,7 +45,9 @@ class Reaper:
         storage = oa.storage_of(self.study)
         running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         # Right after an outage every heartbeat is stale: trust only dead PIDs until live workers have beaten again.
-        trust = not OUTAGE.recent(run.grace_s)
+        # A live worker waiting in a retried call notices the database back up to RETRY_CAP_S after this one did
+        # (its backoff; 3 s later in a real run), so the window is that beyond the grace period.
+        trust = not OUTAGE.recent(run.grace_s + RETRY_CAP_S)
         lost = self.leases.expired([oa.trial_id(t) for t in running], run.grace_s, run.deadline_s, trust)
         reaped = []
         if not lost:
