@@ -25,7 +25,7 @@ from tuner.measure.inputs import feeds_hash, file_hash, load_feeds, save_feeds
 from tuner.measure.reference import cached_reference
 from tuner.space import Route, SearchSpace
 from tuner.spec import Spec
-from tuner.store.db import check_reachable, get_engine, schema_lock, study_lock, upgrade_schema
+from tuner.store.db import check_reachable, get_engine, retried, schema_lock, study_lock, upgrade_schema
 from tuner.store.models import StudyRecord
 from tuner.store.readonly import has_optuna_schema
 from tuner.store.urls import mask_credentials, mask_url
@@ -139,8 +139,7 @@ class Context:
     def trials_dir(self) -> Path:
         """This study's trial folders: keyed by the study's unique id, so one study file run against
         two storages (or a study re-created under the same name) never shares or overwrites them."""
-        with Session(get_engine(self.url)) as s:
-            record = s.get(StudyRecord, self.spec.study)
+        record = _study_record(self.url, self.spec.study)
         if record is None:
             raise TunerError(
                 f"study {self.spec.study!r} does not exist in {mask_url(self.url)}; start it with `tuner run`"
@@ -257,3 +256,14 @@ def enqueue_start(study: optuna.Study, space: SearchSpace, seeds: list[Route], b
     room = budget - len(study.get_trials(deepcopy=False))
     for route in seeds[: max(0, room)]:
         study.enqueue_trial(route, user_attrs={A.SOURCE: "recommended"}, skip_if_exists=True)
+
+
+@retried
+def _study_record(url: str, study: str) -> StudyRecord | None:
+    """The study's record (None: no such study), waiting out a database outage as every worker read does: a worker
+    may first need it while the database is away."""
+    with Session(get_engine(url), expire_on_commit=False) as s:
+        record = s.get(StudyRecord, study)
+        if record is not None:
+            s.expunge(record)
+        return record
