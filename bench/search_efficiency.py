@@ -142,8 +142,8 @@ def truth_for(scenario: Scenario) -> Truth:
 
 
 def unmade_sampler(names: Sequence[str], scenarios: Sequence[Scenario]) -> str:
-    """ "" when every named study strategy's sampler can be made here, else one line naming the first that cannot and
-    why (a library it needs is not installed: SMAC3 comes with the `bench` extra), before any run is spent."""
+    """Empty when every named study strategy's sampler can be made here, else one line naming the first that cannot
+    and why (a library it needs is not installed: SMAC3 comes with the `bench` extra), before any run is spent."""
     if not scenarios:
         return ""
     space = truth_for(scenarios[0]).space

@@ -262,8 +262,5 @@ def enqueue_start(study: optuna.Study, space: SearchSpace, seeds: list[Route], b
 def _study_record(url: str, study: str) -> StudyRecord | None:
     """The study's record (None: no such study), waiting out a database outage as every worker read does: a worker
     may first need it while the database is away."""
-    with Session(get_engine(url), expire_on_commit=False) as s:
-        record = s.get(StudyRecord, study)
-        if record is not None:
-            s.expunge(record)
-        return record
+    with Session(get_engine(url)) as s:
+        return s.get(StudyRecord, study)
