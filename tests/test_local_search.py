@@ -201,12 +201,41 @@ def test_a_neighbourhood_whose_best_is_not_worth_a_build_gives_way_to_the_next()
 
     from tuner.study.local_search import WORTH, first_worth_building
 
-    spent = ([{"x": 1}], np.array([WORTH / 10]))
-    promising = ([{"x": 2}], np.array([WORTH * 2]))
+    spent = ([{"x": 1}], np.array([WORTH / 10]), WORTH)
+    promising = ([{"x": 2}], np.array([WORTH * 2]), WORTH)
     assert first_worth_building([spent, promising])[0] == [{"x": 2}]
-    assert first_worth_building([spent, ([{"x": 3}], np.array([0.0]))])[0] == [{"x": 1}]  # none worth it: the first
+    assert first_worth_building([spent, ([{"x": 3}], np.array([0.0]), WORTH)])[0] == [{"x": 1}]  # none: the first
     assert first_worth_building([spent, promising], learnt=False)[0] == [{"x": 1}]  # no model: scores mean nothing
     assert first_worth_building([])[0] == []
+    worth_here = ([{"x": 4}], np.array([WORTH / 2]), WORTH / 4)  # the centres' own, lower threshold
+    assert first_worth_building([worth_here, promising])[0] == [{"x": 4}]
+
+
+def test_the_centres_candidates_need_less_expected_improvement_than_a_restart_s(monkeypatch) -> None:
+    """A restart counts its improvement from a slower route, so the centres' candidates get a lower threshold."""
+    from tuner.study import local_search
+
+    assert local_search.CENTRE_WORTH < local_search.WORTH
+    offered = []
+
+    def first(neighbourhoods, learnt=True):
+        offered.extend(worth for _, _, worth in neighbourhoods)
+        return [], np.zeros(0)
+
+    monkeypatch.setattr(local_search, "first_worth_building", first)
+    study, _ = _raced_study()
+    study.sampler.base.sample_relative(study, study.ask(), study.sampler.base.infer_relative_search_space(study, None))
+    assert offered[0] == local_search.CENTRE_WORTH and set(offered[1:]) == {local_search.WORTH}
+    assert local_search.LocalSearchSampler(SPACE, previous=True).centre_worth == local_search.WORTH
+
+
+def test_restarts_start_only_from_routes_within_restart_within_of_the_best() -> None:
+    study, routes = _raced_study()
+    local = study.sampler.base
+    trials = study.get_trials(deepcopy=False)
+    local.restart_within = 1.6  # C is 1.33x the best's latency, the default route 2x
+    starts = [centres for centres, _ in local.starts(trials, study, local.observations(trials, study))]
+    assert starts == [[routes["A"], routes["B"]], [routes["C"]]]
 
 
 def test_a_restart_probes_its_routes_nearest_ring_the_centres_one_ring_more() -> None:
@@ -340,7 +369,7 @@ def test_a_sub_knob_value_s_speed_up_stays_with_its_variant() -> None:
     asked = [QUANT.complete({"precision": "int8_dynamic", "per_channel": True, "threads": 2})]
     nested = Encoder(QUANT, nested=True)
     within = Surrogate(nested, seen, seed=0).predict(asked)[0][0]
-    shared = Surrogate(nested, seen, seed=0, latency_encoder=Encoder(QUANT)).predict(asked)[0][0]
+    shared = Surrogate(Encoder(QUANT), seen, seed=0).predict(asked)[0][0]
     assert within > shared
 
 

@@ -122,7 +122,7 @@ def local_forest(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
 
 
 def local_previous(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
-    """Sampler 'local' as it was before its latency models learnt sub-knob values within their variant
+    """Sampler 'local' as it was before the centres' own threshold and the restart limit
     (`LocalSearchSampler(previous=True)`)."""
     return NoRepeatSampler(LocalSearchSampler(space, seed, previous=True), seed)
 
@@ -295,8 +295,7 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             "local-previous",
-            "sampler 'local' as it was before its latency models learnt sub-knob values within their variant (the "
-            "previous default)",
+            "sampler 'local' as it was before the centres' own threshold and the restart limit (the previous default)",
             local_previous,
             candidate=True,
         ),

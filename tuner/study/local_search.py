@@ -21,11 +21,17 @@ somewhere in its top 20. So each proposal:
    does well everywhere on the recorded landscapes: the additive one finds Silero VAD's best int8
    variant (two sub-knobs that each help) in every seed and gets stuck in MiniLM's fusion basin, the
    forest the other way round;
-4. *restarts* when no candidate is worth a build (its score below `WORTH`, the measurement's own
-   precision): the local search's basin is spent, and the best route may lie beyond a valley (two
-   moves, each worse on its own). The nearest untried ring (`RESTART_REACH`) of the next feasible route
-   in order of its value is then ranked by improvement on *that* route's value, and so on; the first
-   whose best candidate is worth a build gives the proposal, else the centres' best candidate does.
+4. *restarts* when no candidate around the centres is worth a build (its score below `CENTRE_WORTH`, a
+   quarter of the measurement's own precision): the local search's basin is spent, and the best route
+   may lie beyond a valley (two moves, each worse on its own). The nearest untried ring
+   (`RESTART_REACH`) of the next feasible route in order of its value, at most `RESTART_WITHIN` times
+   the best's latency, is then ranked by improvement on *that* route's value, and so on; the first
+   whose best candidate is worth a build (`WORTH`, the measurement's precision) gives the proposal,
+   else the centres' best candidate does. A restart's improvement is counted from a slower route than
+   the centres' one, so it looks larger: with one threshold for both (`WORTH`), restarts around routes
+   two to four times slower than the best took the builds of the untried one-move neighbours of the
+   best routes (MiniLM-strict: fp16 with nothing kept in fp32 next to the route with graph optimisation
+   off, ranked first around the centres at a score of 0.005-0.01, never built).
    Before the surrogate has anything to learn from, a random candidate of the centres' neighbourhood.
 
 Proposals of parallel workers do not collide: routes of running and waiting trials count as tried,
@@ -59,7 +65,9 @@ REACH = (
 RESTART_REACH = 0  # a restart probes its route's own nearest ring (20 seeds, delivered within 2 % at 30 builds:
 # MiniLM-strict 17, MiniLM 16, against 16 and 14 with REACH)
 RINGS_KEPT = 64  # neighbourhoods (centre, radius) a sampler keeps (`LocalSearchSampler.around`)
-WORTH = MIN_SPREAD  # a candidate is worth a build when it is expected to improve by the measurement's precision
+WORTH = MIN_SPREAD  # a restart's candidate is worth a build when expected to improve by the measurement's precision
+CENTRE_WORTH = WORTH / 4  # a candidate around the centres at a quarter of that (docs/search-efficiency.md)
+RESTART_WITHIN = 2.0  # restarts only from routes at most this many times the best's latency (the same)
 
 
 class LocalSearchSampler(optuna.samplers.BaseSampler):
@@ -69,13 +77,14 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         self, space: SearchSpace, seed: int | None = None, portfolio: bool = True, previous: bool = False
     ) -> None:
         """`portfolio` False: the forests alone (the sampler as it was before the additive and linear models).
-        `previous` True: the sampler as it was before the latency models learnt sub-knob values within their variant
-        (one column per knob value; the benchmark's comparison row)."""
+        `previous` True: the sampler as it was before the centres' own threshold and the restart limit (`WORTH` for
+        every neighbourhood, restarts from every feasible route; the benchmark's comparison row)."""
         self.space = space
         self.portfolio = portfolio
         self.groups = knob_groups(space)
         self.encoder = Encoder(space, nested=True)
-        self.latency_encoder = Encoder(space) if previous else None
+        self.centre_worth = WORTH if previous else CENTRE_WORTH
+        self.restart_within = math.inf if previous else RESTART_WITHIN
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self._rings: dict[tuple[Any, int], list[tuple[Any, Route]]] = {}  # (centre, radius) -> keyed routes: `around`
@@ -97,7 +106,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         observations = self.observations(trials, study)
         model = self.surrogate(observations, additive=self.portfolio and trial.number % 2 == 1)
         neighbourhoods = (
-            (candidates, self.score(model, candidates, reference))
+            (candidates, self.score(model, candidates, reference), self.centre_worth if i == 0 else WORTH)
             for i, (centres, reference) in enumerate(self.starts(trials, study, observations))
             if (candidates := self.neighbourhood(centres, tried, REACH if i == 0 else RESTART_REACH))
         )
@@ -133,8 +142,8 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         self, trials: Sequence[FrozenTrial], study: optuna.Study, observations: Sequence[Observation]
     ) -> Iterator[tuple[list[Route], float]]:
         """Where a proposal may start, in order, each with the log ratio its candidates must improve on: the centres
-        with the study's best, then (restarts) every other feasible route of the study's own, fastest first, with its
-        own."""
+        with the study's best, then (restarts) every other feasible route of the study's own at most RESTART_WITHIN
+        times the best's latency, fastest first, with its own."""
         own = sorted(
             (o for o in observations if o.feasible and o.log_ratio is not None and o.weight >= 1.0),
             key=lambda o: o.log_ratio,
@@ -143,6 +152,8 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         yield centres, own[0].log_ratio if own else 0.0
         done = {canonical_route(c) for c in centres}
         for o in own:
+            if o.log_ratio - own[0].log_ratio > math.log(self.restart_within):
+                return
             if (key := canonical_route(o.route)) not in done:
                 done.add(key)
                 yield [dict(o.route)], float(o.log_ratio)
@@ -188,7 +199,6 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
             int(self.rng.integers(2**31)),
             additive,
             linear=self.portfolio,
-            latency_encoder=self.latency_encoder,
         )
 
     def score(self, model: Surrogate | None, candidates: list[Route], reference: float) -> np.ndarray:
@@ -226,14 +236,15 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
 
 
 def first_worth_building(
-    neighbourhoods: Iterable[tuple[list[Route], np.ndarray]], learnt: bool = True
+    neighbourhoods: Iterable[tuple[list[Route], np.ndarray, float]], learnt: bool = True
 ) -> tuple[list[Route], np.ndarray]:
-    """The first (candidates, scores) whose best score reaches WORTH, else the first one (empty when there is none).
+    """The first (candidates, scores) whose best score reaches its threshold (the third of each triple), else the
+    first one (empty when there is none).
 
     Without a model (`learnt` False) the scores mean nothing, and the first is taken as it is."""
     first: tuple[list[Route], np.ndarray] | None = None
-    for candidates, scores in neighbourhoods:
-        if not learnt or scores.max() >= WORTH:
+    for candidates, scores, worth in neighbourhoods:
+        if not learnt or scores.max() >= worth:
             return candidates, scores
         first = first or (candidates, scores)
     return first or ([], np.zeros(0))

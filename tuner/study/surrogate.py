@@ -100,9 +100,8 @@ class Encoder:
 
 
 class Surrogate:
-    """The models, fitted on `observations` (`additive`, `linear`: see the module docstring); `score` ranks
-    candidate routes. Routes are encoded by `encoder`, those of the latency models by `latency_encoder` where one
-    is given (the benchmark's row of the sampler as it was before: one column per knob value)."""
+    """The models, fitted on `observations` (`additive`, `linear`: see the module docstring), routes encoded by
+    `encoder`; `score` ranks candidate routes."""
 
     def __init__(
         self,
@@ -111,18 +110,16 @@ class Surrogate:
         seed: int,
         additive: bool = False,
         linear: bool = False,
-        latency_encoder: Encoder | None = None,
     ) -> None:
         import sklearn.ensemble  # noqa: F401  (loaded before the limit, so that the limit covers what it loads)
         import sklearn.linear_model  # noqa: F401
 
         with threadpool_limits(limits=1):
-            self._fit(encoder, latency_encoder or encoder, observations, seed, additive, linear)
+            self._fit(encoder, observations, seed, additive, linear)
 
     def _fit(
         self,
         encoder: Encoder,
-        latency_encoder: Encoder,
         observations: Sequence[Observation],
         seed: int,
         additive: bool,
@@ -132,12 +129,11 @@ class Surrogate:
         from sklearn.linear_model import LogisticRegression, Ridge
 
         self.encoder = encoder
-        self.latency_encoder = latency_encoder
         timed = [o for o in observations if o.log_ratio is not None]
         self.latency = None
         self.additive = None
         if len(timed) >= 2:
-            x, y, w = latency_encoder([o.route for o in timed]), np.array([o.log_ratio for o in timed]), _weights(timed)
+            x, y, w = encoder([o.route for o in timed]), np.array([o.log_ratio for o in timed]), _weights(timed)
             if additive:
                 self.additive = Ridge(alpha=RIDGE_ALPHA).fit(x, y, sample_weight=w)
                 y = y - self.additive.predict(x)
@@ -172,7 +168,7 @@ class Surrogate:
             return self._predict(routes)
 
     def _predict(self, routes: Sequence[Mapping[str, Value]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        x = self.latency_encoder(routes)
+        x = self.encoder(routes)
         if self.latency is None:
             mean, spread = np.zeros(len(routes)), np.ones(len(routes))
         else:
@@ -180,15 +176,14 @@ class Surrogate:
             if self.additive is not None:
                 per_tree += self.additive.predict(x)
             mean, spread = per_tree.mean(axis=0), np.maximum(per_tree.std(axis=0), MIN_SPREAD)
-        xf = x if self.latency_encoder is self.encoder else self.encoder(routes)
         if self.feasibility is not None:
-            feasible = _probability_feasible(self.feasibility, xf)
+            feasible = _probability_feasible(self.feasibility, x)
             if self.linear_feasibility is not None:
-                feasible = feasible * _probability_feasible(self.linear_feasibility, xf)
+                feasible = feasible * _probability_feasible(self.linear_feasibility, x)
         else:
             feasible = np.full(len(routes), 1.0 if self.all_feasible else 0.5)
         if self.accurate is not None:
-            feasible = feasible * _probability_feasible(self.accurate, xf)
+            feasible = feasible * _probability_feasible(self.accurate, x)
         return mean, spread, feasible
 
     def score(self, routes: Sequence[Mapping[str, Value]], best: float) -> np.ndarray:
