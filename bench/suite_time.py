@@ -21,7 +21,8 @@ tests by name; a top-level `latest` with the wall and CPU seconds and the commit
 documented command, `make test`'s worker count) and each run's output to $TMPDIR/suite-time.log-N.
 4. **whole suites** (`--whole-against COMMIT`): that commit's whole suite with its own test command (`--workers`)
    in a temporary worktree, and today's whole `make test`, alternating `--rounds` times; today's runs
-   are the suite runs of item 2 (the last one is `latest`).
+   are the suite runs of item 2 (the last one is `latest`). The pair it replaces under `whole_against[COMMIT]` is
+   kept as `whole_against["COMMIT-against-ITS_NOW_COMMIT"]`.
 
 Usage: python bench/suite_time.py [--workers 3 0] [--repeats 5] [--skip-startup]
        [--against e6d79eb --rounds 2 [--deselect TEST ...]] [--whole-against db1136d --rounds 2]
@@ -288,6 +289,14 @@ def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> di
     }
 
 
+def keep_earlier(pairs: dict[str, Any], key: str) -> None:
+    """Before a new pair replaces `pairs[key]`, keep the one there under "KEY-against-ITS_NOW_COMMIT" (the first
+    kept of that name stays)."""
+    earlier = pairs.get(key)
+    if earlier is not None:
+        pairs.setdefault(f"{key}-against-{earlier.get('now_commit', 'unknown')}", earlier)
+
+
 def whole_against(old: str, rounds: int, workers: int) -> dict[str, Any]:
     """Commit `old`'s whole suite (its own test command, `workers` pytest-xdist workers) against today's whole suite,
     alternating, in one sitting: the two suites as each was run, not only the tests they share."""
@@ -353,7 +362,8 @@ def main() -> None:
         )
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
     if args.whole_against:
-        doc.setdefault("whole_against", {})[args.whole_against] = whole = whole_against(
+        keep_earlier(doc.setdefault("whole_against", {}), args.whole_against)
+        doc["whole_against"][args.whole_against] = whole = whole_against(
             args.whole_against, args.rounds, args.workers[0]
         )
         last_now = next(r for r in reversed(whole["runs"]) if r["label"] == "now")
