@@ -14,7 +14,8 @@ bench/results/search-efficiency.json (every run's scores), the result tables int
 docs/search-efficiency.md (between the results markers) and docs/img/search-efficiency.png. With
 `--stop-after` it stops starting runs after that many seconds and writes the cells (a strategy on a
 scenario, every seed) and transfer rows it completed, with the rest under `missing`; `--resume` keeps
-what such a file holds for the same settings and landscapes and runs only the rest.
+what such a file holds for the same settings and landscapes and runs only the rest (of the file's own
+strategies unless `--strategies` names others).
 """
 
 from __future__ import annotations
@@ -334,6 +335,16 @@ def run_transfer(
 def _save(doc: dict[str, Any], path: Path) -> None:
     """Write the results file atomically: an interrupted write leaves the previous file (what --resume reads)."""
     atomic_write(path, json.dumps(doc, indent=1, default=str))
+
+
+def resumed_strategies(path: Path) -> list[str] | None:
+    """The strategies of the results file at `path` (what --resume without --strategies goes on with), in its order;
+    None when it cannot be read or names none this benchmark knows."""
+    try:
+        names = [n for n in json.loads(path.read_text()).get("strategies", {}) if n in STRATEGIES]
+    except (OSError, ValueError, AttributeError):
+        return None
+    return names or None
 
 
 def _previous(path: Path, settings: dict[str, Any], scenarios: Sequence[Scenario]) -> dict[str, Any]:
@@ -715,7 +726,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--budget", type=int, default=100)
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
-    p.add_argument("--strategies", nargs="*", default=list(DEFAULT_SET), choices=list(STRATEGIES))
+    p.add_argument(
+        "--strategies",
+        nargs="*",
+        choices=list(STRATEGIES),
+        help="default: with --resume those of the results file, else every strategy of DEFAULT_SET",
+    )
     p.add_argument(
         "--scenarios",
         nargs="*",
@@ -755,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
         write_docs(doc, args.markdown)
         plot(doc, args.png)
         return 0
+    if args.strategies is None:
+        args.strategies = (resumed_strategies(args.json) if args.resume else None) or list(DEFAULT_SET)
     scenarios = [s for s in available(SCENARIOS) if s.name in args.scenarios]
     unmade = unmade_sampler(args.strategies, scenarios)
     if unmade:

@@ -16,7 +16,7 @@ from bench.landscape.score import score, share
 from bench.landscape.simulate import Simulation, Step, simulate
 from bench.landscape.strategies import STRATEGIES, Direct, Run, condition_parents, gpt_fast, gpt_mixed
 from bench.landscape.truth import Truth
-from bench.search_efficiency import choose_default
+from bench.search_efficiency import choose_default, resumed_strategies
 from tests.conftest import REPO
 from tuner import job as J
 from tuner.backends.replay.landscape import Landscape, Point, Round
@@ -294,3 +294,13 @@ def test_sampler_for_repeats_a_run_with_the_same_seed() -> None:
         return out
 
     assert proposals(5) == proposals(5) and proposals(5) != proposals(6)
+
+
+def test_resume_without_strategies_goes_on_with_the_results_file_s_own(tmp_path) -> None:
+    """A resumed run without --strategies runs the strategies the file holds, not every strategy the benchmark has."""
+    results = tmp_path / "search-efficiency.json"
+    results.write_text('{"strategies": {"local": "l", "tpe": "t", "gone": "a strategy no longer defined"}}')
+    assert resumed_strategies(results) == ["local", "tpe"]
+    results.write_text("not json")
+    assert resumed_strategies(results) is None
+    assert resumed_strategies(tmp_path / "missing.json") is None
