@@ -4,6 +4,8 @@ max_memory_mb`."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from optuna.trial import TrialState
 
@@ -24,6 +26,17 @@ def test_the_probe_reports_what_was_allocated_after_it_started_even_once_freed()
 
 def test_without_a_cuda_context_device_memory_is_unknown_not_zero() -> None:
     assert MemoryProbe.start().peak(gpu=True) == (None, DEVICE)
+
+
+def test_a_process_without_the_cuda_driver_loaded_is_not_made_to_import_cuda_python() -> None:
+    probe = (
+        "import sys\n"
+        "from tuner.measure.memory import MemoryProbe\n"
+        "assert MemoryProbe.start().device_start is None\n"
+        "print(sorted(m for m in sys.modules if m.startswith('cuda')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout  # a CPU trial's child: no cuda-python import on its start
 
 
 def test_a_memory_cap_makes_routes_above_it_infeasible_and_the_sampler_sees_it(cli, write_spec, sqlite_url) -> None:

@@ -11,7 +11,10 @@ cuda-python and nvidia-ml-py are imported lazily, so this module imports on mach
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+DRIVER_LIBRARY = "libcuda.so"  # a process with a CUDA context has it mapped
 
 
 class GpuTimingError(RuntimeError):
@@ -140,8 +143,12 @@ def device_memory_used() -> int | None:
     """Bytes in use on the current CUDA device, or None where this process has no current CUDA context.
 
     Asks the driver for the current context first (`cuCtxGetCurrent`), so a process that never used
-    the GPU is not made to: no context is created here. None also without cuda-python or a driver.
+    the GPU is not made to: no context is created here. None also without cuda-python or a driver, and
+    at once where the driver library is not loaded in this process (no context can exist; a CPU
+    trial's child is not made to import cuda-python, tens of milliseconds of its start).
     """
+    if not _driver_loaded():
+        return None
     try:
         from cuda.bindings import driver
         from cuda.bindings import runtime as cudart
@@ -153,3 +160,11 @@ def device_memory_used() -> int | None:
     except Exception:  # no cuda-python, no driver library (it raises its own loader errors): nothing to read
         return None
     return int(total - free) if err == cudart.cudaError_t.cudaSuccess else None
+
+
+def _driver_loaded() -> bool:
+    """Whether the CUDA driver library is mapped into this process (`/proc/self/maps`; True if that is unreadable)."""
+    try:
+        return DRIVER_LIBRARY in Path("/proc/self/maps").read_text()
+    except OSError:
+        return True

@@ -109,12 +109,12 @@ def _made(book: FailureBook, product: Product, make: Callable[[], T]) -> T:
 
 def _int8(prepared: Path, recipe: QuantOptions, stage: dict[str, Product], data_sha: str, ctx: BuildContext) -> Path:
     """The int8 variant of the prepared model (kept by key; mixed precision reads the cached sensitivity)."""
-    from tuner.backends.onnxruntime.quantize import quantize
-
     cache = ctx.work_dir / "variants"
     out = cache / f"{ctx.model.path.stem}.int8.{stage['variant'].key}.onnx"
     if out.exists():
-        return out
+        return out  # made before: no quantizer to import (tens of milliseconds of every int8 trial's child)
+    from tuner.backends.onnxruntime.quantize import quantize
+
     exclude: list[str] = []
     if recipe.fp32_nodes:
         from tuner.backends.onnxruntime.sensitivity import ranking
