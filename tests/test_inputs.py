@@ -38,11 +38,14 @@ REST = """[accuracy]
 metric = "cosine"
 tolerance = 0.001
 
-[objective]
+[objective]  # short timings beside the other tests, as in conftest's study files
 warmup_s = 0.0
 min_repeats = 5
 min_duration_s = 0.02
-timing_cap_s = 0.5
+block_s = 0.002
+timing_cap_s = 0.1
+target_halfwidth = 0.1
+contention = "shared"
 
 [backend]
 name = "onnxruntime"
