@@ -31,7 +31,7 @@ class FixedCostBackend(Backend):
     options = (BUILD_S, IDLE_BUILD)
     preload = ("onnxruntime", "tuner.backends.onnxruntime.run")
 
-    def fork_safe(self, route: Route) -> bool:
+    def fork_safe(self, route: Route, options: Mapping[str, Any]) -> bool:
         """Its engines run on ONNX Runtime's CPU provider: a forked child is as good as a fresh one."""
         return True
 

@@ -46,7 +46,7 @@ def test_cpu_trials_are_forked_from_one_server_and_gpu_routes_are_not(write_spec
     route = ctx.space.default_route()
     job = make_job(ctx, route, tmp_path / "a" / "out")
     assert job.preload is not None and job.preload[0] == "tests.backends"
-    assert OnnxRuntimeBackend().fork_safe({**route, "provider": "cuda"}) is False  # a GPU route: a fresh interpreter
+    assert OnnxRuntimeBackend().fork_safe({**route, "provider": "cuda"}, {}) is False  # a GPU route: a fresh process
     first = run_isolated(job, tmp_path / "a")
     second = run_isolated(make_job(ctx, route, tmp_path / "b" / "out"), tmp_path / "b")
     assert first.status == second.status == J.OK, (first.message, second.message)

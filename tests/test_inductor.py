@@ -317,8 +317,19 @@ def test_inductor_study_end_to_end(
     assert second.user_attrs["cache_hit"] is True  # the one route of this space was not compiled twice
     artifacts = list((tmp_path / ".tuner" / "tiny" / "artifacts").glob("*.tar"))
     assert [a.name for a in artifacts] == [f"{first.user_attrs['artifact_sha256']}.tar"]
-    result = json.loads((trial_dir(pg_url, "tiny", tmp_path / ".tuner" / "tiny", 0) / "result.json").read_text())
+    first_dir = trial_dir(pg_url, "tiny", tmp_path / ".tuner" / "tiny", 0)
+    result = json.loads((first_dir / "result.json").read_text())
     assert result["timing_info"]["clock"] == "host-perf_counter" and result["build_s"] > 0
+    # a CPU route's child is forked from the study's server, which imported torch once
+    assert json.loads((first_dir / "job.json").read_text())["preload"][:2] == ["tuner.backends.inductor", "torch"]
+    assert "fresh interpreter" not in proc.stderr, proc.stderr[-3000:]
+
+
+@needs_torch
+def test_cpu_routes_are_forked_from_a_server_and_cuda_routes_get_a_fresh_process() -> None:
+    backend = get_backend("inductor")
+    assert backend.fork_safe({}, {"device": "cpu"}) is True
+    assert backend.fork_safe({}, {"device": "cuda"}) is False  # CUDA cannot be used in a forked child
 
 
 def _served(model: Path, options: dict[str, Any]) -> ModelInfo:

@@ -264,9 +264,9 @@ class Backend(abc.ABC):
 
     preload: tuple[str, ...] = ()  # modules a pre-imported child server imports for this backend (see `fork_safe`)
 
-    def fork_safe(self, route: Route) -> bool:
-        """Whether `route`'s trial child may be forked from a server that imported `preload` (False: a fresh
-        interpreter).
+    def fork_safe(self, route: Route, options: Mapping[str, Any]) -> bool:
+        """Whether `route`'s trial child, with the study's backend `options`, may be forked from a server that imported
+        `preload` (False: a fresh interpreter).
 
         Only where nothing imported initialises a device runtime: CUDA cannot be used in a child
         forked after its parent initialised it, so GPU routes keep a fresh process.

@@ -6,6 +6,7 @@ and the landscape recorder.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,10 @@ def measure_settings(spec: Spec) -> dict[str, Any]:
     }
 
 
-def preload(backend: Backend, route: dict[str, Any]) -> list[str] | None:
-    """What a pre-imported child server imports for `route` (the backend's module first), or None: a fresh
-    interpreter."""
-    return [type(backend).__module__, *backend.preload] if backend.fork_safe(route) else None
+def preload(backend: Backend, route: dict[str, Any], options: Mapping[str, Any]) -> list[str] | None:
+    """What a pre-imported child server imports for `route` with the backend `options` (the backend's module first), or
+    None: a fresh interpreter."""
+    return [type(backend).__module__, *backend.preload] if backend.fork_safe(route, options) else None
 
 
 def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any) -> J.Job:
@@ -77,6 +78,6 @@ def make_job(ctx: Context, route: dict[str, Any], out_dir: Path, **pairing: Any)
         objective=spec.objective,
         shapes=ctx.shape_sets,
         build_holds_cores=ctx.backend.build_uses_host_cores(spec.backend.options),
-        preload=preload(ctx.backend, route),
+        preload=preload(ctx.backend, route, spec.backend.options),
         **pairing,
     )

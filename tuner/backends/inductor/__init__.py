@@ -11,12 +11,13 @@ backend is used: `import tuner` works without it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
 from tuner.backends.base import Artifact, Backend, BuildContext, Deployment, ExportRequest, ModelInfo, Runner
 from tuner.backends.device import cpu_fingerprint
-from tuner.backends.inductor.space import INSTALL, OPTIONS
+from tuner.backends.inductor.space import INSTALL, OPTIONS, resolve_device
 from tuner.space import Route, SearchSpace
 
 
@@ -26,6 +27,20 @@ class InductorBackend(Backend):
     name = "inductor"
     options = OPTIONS
     requires = (("torch", INSTALL),)
+    # What a CPU route's child imports before it compiles (seconds of a core in a fresh interpreter): a study's server
+    # imports them once. Importing torch initialises no device.
+    preload = (
+        "torch",
+        "torch._dynamo",
+        "torch._inductor.compile_fx",
+        "onnx2torch",
+        "tuner.backends.inductor.build",
+        "tuner.backends.inductor.run",
+    )
+
+    def fork_safe(self, route: Route, options: Mapping[str, Any]) -> bool:
+        """CPU routes; CUDA routes (`device` "cuda", or "auto" where torch sees a GPU) keep a fresh process."""
+        return resolve_device(options) == "cpu"
 
     def version(self) -> str:
         self.check_libraries()

@@ -10,7 +10,7 @@ tried right after the default route.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ class OnnxRuntimeBackend(Backend):
         "tuner.study.reuse",
     )
 
-    def fork_safe(self, route: Route) -> bool:
+    def fork_safe(self, route: Route, options: Mapping[str, Any]) -> bool:
         """CPU routes: importing ONNX Runtime initialises no device; the CUDA provider keeps a fresh process."""
         return route.get("provider", "cpu") == "cpu"
 

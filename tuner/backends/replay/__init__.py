@@ -10,6 +10,7 @@ recording's between-round drift a measurement carries (`run.py` says how).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ class ReplayBackend(Backend):
     def _landscape(self, model: ModelInfo) -> Landscape:
         return self.landscape if self.landscape is not None else landscape_of(model)
 
-    def fork_safe(self, route: Route) -> bool:
+    def fork_safe(self, route: Route, options: Mapping[str, Any]) -> bool:
         """Replayed engines touch no device."""
         return True
 
