@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna
 from optuna.trial import TrialState
 
 from tests.conftest import tuner
 from tests.helpers import trials
 from tuner import __version__
 from tuner.cli.common import latency_line
+from tuner.events import TrialWatcher
 
 FAULT = "tests.backends:FaultBackend"
 FP32 = {"precision": ["fp32"]}
@@ -38,6 +40,15 @@ def test_the_latency_line_leaves_out_what_was_not_measured() -> None:
     assert latency_line(both) == "  trial 3: 0.026 ms in the study, default route 0.026 ms"
     unpaired = {"trial": 1, "measured_ms": None, "default_ms": None}  # e.g. --no-confirm with no baseline figure
     assert latency_line(unpaired) == "  trial 1: no latency measured in the study"
+
+
+def test_trials_that_finish_between_two_looks_each_show_their_own_count() -> None:
+    study = optuna.create_study()
+    watcher = TrialWatcher(study, budget=3)
+    for x in (1.0, 2.0):
+        study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=x))
+    assert [(e.number, e.done) for e in watcher.poll()] == [(0, 1), (1, 2)]
+    assert watcher.poll() == []
 
 
 def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them(cli, write_spec, sqlite_url) -> None:

@@ -117,26 +117,35 @@ class TrialWatcher:
         self.seen.update(_key(t) for t in new)
         default = dict(self.study.user_attrs.get(A.DEFAULT_ROUTE) or {})
         base, raced = baseline_trial(trials), races(self.study)
-        counted = [t for t in trials if t.state.is_finished() and t.user_attrs.get(A.FAILURE_CLASS) not in UNCOUNTED]
+        counted = [t for t in trials if t.state.is_finished() and _counts(t)]
         durations = [t.duration.total_seconds() for t in counted if t.duration]
         left = max(0, self.budget - len(counted))
         eta = statistics.median(durations) * left / max(1, self.workers) if durations else None
-        return [
-            TrialEvent(
-                number=t.number,
-                route=dict(t.params),
-                changes=changes(t, default),
-                outcome=outcome(t),
-                value=t.value,
-                speedup=study_estimate(t, base, raced) if is_feasible(t) else None,
-                message="" if is_feasible(t) else first_line(str(t.user_attrs.get(A.MESSAGE, ""))),
-                done=len(counted),
-                budget=self.budget,
-                eta_s=eta,
+        done = len(counted) - sum(map(_counts, new))  # each event counts the trials up to its own
+        events = []
+        for t in new:
+            done += _counts(t)
+            events.append(
+                TrialEvent(
+                    number=t.number,
+                    route=dict(t.params),
+                    changes=changes(t, default),
+                    outcome=outcome(t),
+                    value=t.value,
+                    speedup=study_estimate(t, base, raced) if is_feasible(t) else None,
+                    message="" if is_feasible(t) else first_line(str(t.user_attrs.get(A.MESSAGE, ""))),
+                    done=done,
+                    budget=self.budget,
+                    eta_s=eta,
+                )
             )
-            for t in new
-        ]
+        return events
 
 
 def _key(t: FrozenTrial) -> tuple[int, str]:
     return t.number, t.state.name
+
+
+def _counts(t: FrozenTrial) -> bool:
+    """Whether a finished trial counts towards the budget (a re-queued one does not)."""
+    return t.user_attrs.get(A.FAILURE_CLASS) not in UNCOUNTED
