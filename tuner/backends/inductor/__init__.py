@@ -28,11 +28,13 @@ class InductorBackend(Backend):
     options = OPTIONS
     requires = (("torch", INSTALL),)
     # What a CPU route's child imports before it compiles (seconds of a core in a fresh interpreter): a study's server
-    # imports them once. Importing torch initialises no device.
+    # imports them once. None of them initialises CUDA; importing torch._inductor.compile_fx does (seen on an H100:
+    # a process forked after it cannot use CUDA, not even the forked worker to read the device), so the child
+    # imports that itself.
     preload = (
         "torch",
         "torch._dynamo",
-        "torch._inductor.compile_fx",
+        "torch._inductor.config",
         "onnx2torch",
         "tuner.backends.inductor.build",
         "tuner.backends.inductor.run",
