@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,9 @@ OUT = REPO / "bench" / "results" / "inductor-cpu.json"
 OBJECTIVE = {"warmup_s": 0.0, "min_repeats": 5, "min_duration_s": 0.02, "block_s": 0.002, "timing_cap_s": 0.2}
 
 
-def study_file(scenario: str, folder: Path) -> Path:
-    """A fresh study of `scenario` in `folder` (its model, data and work dir there or absolute)."""
+def study_file(scenario: str, folder: Path, device: str = "cpu", precisions: Sequence[str] | None = None) -> Path:
+    """A fresh study of `scenario` in `folder` (its model, data and work dir there or absolute) on `device`: its routes
+    are `precisions` (the scenario's own by default) each with freezing off and on, its budget one trial a route."""
     folder.mkdir(parents=True)
     if scenario == "mlp":
         from tests.test_inductor import mlp_onnx
@@ -53,8 +55,7 @@ def study_file(scenario: str, folder: Path) -> Path:
         model: dict[str, Any] = {"path": str(mlp_onnx(folder / "mlp.onnx"))}
         data: dict[str, Any] = {"samples": 4, "gate_samples": 2}
         accuracy = {"metric": "max_abs", "tolerance": 0.1}
-        space = {"mode": ["default"], "precision": ["fp32", "bf16"], "freezing": [False, True]}
-        budget = 4
+        precisions = precisions or ("fp32", "bf16")
     else:
         model = {
             "path": str(REPO / "models" / "efficientnet_lite0.onnx"),
@@ -62,41 +63,54 @@ def study_file(scenario: str, folder: Path) -> Path:
         }
         data = {"file": str(REPO / "models" / "efficientnet_lite0_val.npz"), "samples": 4, "gate_samples": 2}
         accuracy = {"metric": "top1_mismatch", "tolerance": 0.5}
-        space = {"mode": ["default"], "precision": ["fp32"], "freezing": [False, True]}
-        budget = 2
+        precisions = precisions or ("fp32",)
+    space = {"mode": ["default"], "precision": list(precisions), "freezing": [False, True]}
     doc = {
         "study": {"name": scenario, "work_dir": str(folder / "work")},
         "model": model,
         "data": data,
         "accuracy": accuracy,
         "objective": OBJECTIVE,
-        "backend": {"name": "inductor", "options": {"device": "cpu"}, "space": space},
-        "run": {"budget": budget, "racing": False, "trial_timeout_s": 900.0},
+        "backend": {"name": "inductor", "options": {"device": device}, "space": space},
+        "run": {"budget": 2 * len(precisions), "racing": False, "trial_timeout_s": 900.0},
     }
     path = folder / "study.toml"
     path.write_text(to_toml(doc))
     return path
 
 
+def run_command(spec: Path, *extra: str) -> list[str]:
+    """`tuner run --no-confirm` of `spec` on a SQLite storage beside it."""
+    storage = f"sqlite:///{spec.parent / 'study.db'}"
+    return [sys.executable, "-m", "tuner", "run", str(spec), "--storage", storage, "--no-confirm", *extra]
+
+
+def trial_jobs(folder: Path) -> list[Path]:
+    """The job files of the trials of the study `study_file` wrote in `folder`."""
+    return sorted((folder / "work").glob("trials/*/*/job.json"))
+
+
+def forked(job: Path) -> bool:
+    """Whether the trial's child was asked for from the study's server (the job names what the server preloads)."""
+    return json.loads(job.read_text()).get("preload") is not None
+
+
 def one_run(label: str, code: Path, scenario: str, folder: Path) -> dict[str, Any]:
     """`tuner run` of a fresh `scenario` study with the code in `code`: wall, CPU of all its processes, forks."""
     spec = study_file(scenario, folder)
     env = {**os.environ, "PYTHONPATH": str(code)}
-    storage = f"sqlite:///{folder / 'study.db'}"
-    cmd = [sys.executable, "-m", "tuner", "run", str(spec), "--storage", storage, "--no-confirm"]
     load_before = os.getloadavg()
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
+    done = subprocess.run(run_command(spec), cwd=code, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     now = resource.getrusage(resource.RUSAGE_CHILDREN)
-    jobs = sorted((folder / "work").glob("trials/*/*/job.json"))
     row: dict[str, Any] = {
         "label": label,
         "exit": done.returncode,
         "wall_s": round(wall, 2),
         "cpu_s": round(now.ru_utime - used.ru_utime + now.ru_stime - used.ru_stime, 2),
-        "children_forked": [json.loads(j.read_text()).get("preload") is not None for j in jobs],
+        "children_forked": [forked(j) for j in trial_jobs(folder)],
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.inductor_cpu import study_file
+from bench.inductor_cpu import forked, run_command, study_file, trial_jobs
 from tuner.backends.inductor import InductorBackend
 from tuner.worker.forkserver import CHILD_MODULE, REFERENCE_MODULE, WORKER_MODULE
 from tuner.worker.pool import SURROGATE_MODULES
@@ -47,9 +47,9 @@ if pid == 0:
 os.waitpid(pid, 0)
 """
 CASES = (
-    ("cpu routes, CPU workers", '{ "device" = "cpu" }', []),
-    ("auto routes (CUDA), CPU workers", '{ "device" = "auto" }', []),
-    ("auto routes (CUDA), --gpus 0", '{ "device" = "auto" }', ["--gpus", "0"]),
+    ("cpu routes, CPU workers", "cpu", []),
+    ("auto routes (CUDA), CPU workers", "auto", []),
+    ("auto routes (CUDA), --gpus 0", "auto", ["--gpus", "0"]),
 )
 
 
@@ -61,26 +61,22 @@ def server_imports() -> dict[str, Any]:
     return {"check": "forked after the server's imports", "modules": modules, "result": done.stdout.strip()}
 
 
-def study(case: str, options: str, extra: list[str], root: Path) -> dict[str, Any]:
-    """One `tuner run` of the MLP study with backend options `options` and `extra` arguments."""
+def study(case: str, device: str, extra: list[str], root: Path) -> dict[str, Any]:
+    """One `tuner run` of the MLP study, fp32 only, on `device` with `extra` arguments."""
     folder = root / case.replace(" ", "-").replace(",", "").replace("(", "").replace(")", "")
-    spec = study_file("mlp", folder)
-    text = spec.read_text().replace('options = { "device" = "cpu" }', f"options = {options}")
-    text = text.replace('"precision" = ["fp32", "bf16"]', '"precision" = ["fp32"]').replace("budget = 4", "budget = 2")
-    spec.write_text(text)
+    spec = study_file("mlp", folder, device=device, precisions=["fp32"])
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "tuner", "run", str(spec), "--storage", f"sqlite:///{folder / 's.db'}", "--no-confirm"]
-    done = subprocess.run([*cmd, *extra], capture_output=True, text=True, cwd=REPO)
-    jobs = sorted((folder / "work").glob("trials/*/*/job.json"))
+    done = subprocess.run(run_command(spec, *extra), capture_output=True, text=True, cwd=REPO)
+    jobs = trial_jobs(folder)
     results = [json.loads((j.parent / "result.json").read_text()) for j in jobs if (j.parent / "result.json").exists()]
-    with sqlite3.connect(folder / "s.db") as db:
+    with sqlite3.connect(folder / "study.db") as db:
         states = [state for _, state in db.execute("SELECT number, state FROM trials ORDER BY number")]
     row: dict[str, Any] = {
         "check": case,
         "exit": done.returncode,
         "wall_s": round(time.perf_counter() - start, 1),
         "states": states,
-        "forked": [json.loads(j.read_text()).get("preload") is not None for j in jobs],
+        "forked": [forked(j) for j in jobs],
         "status": [r.get("status") for r in results],
         "clock": [(r.get("timing_info") or {}).get("clock") for r in results],
     }
