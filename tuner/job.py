@@ -17,8 +17,8 @@ from tuner.objective import ObjectiveSpec
 class Outcome:
     """One way a trial can end: its name, one line for the README, and how it is tallied.
 
-    `tally` says where `tuner status` counts it: "complete" (timed: COMPLETE in Optuna),
-    "pruned" (failed the accuracy gate: PRUNED), "failed" (the route failed to build or run:
+    `tally` says where `tuner status` counts it: "complete" (timed: COMPLETE in Optuna), "pruned" (stopped early:
+    failed the accuracy gate, or slower than the incumbent: PRUNED), "failed" (the route failed to build or run:
     PRUNED, counted in the budget) or "requeued" (interrupted, lost or environment-error: FAIL, not counted, re-queued).
     `deterministic` outcomes depend only on the cache key, so a stored result may be reused.
     """

@@ -46,7 +46,7 @@ def status(spec: SpecArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
         ("budget", doc["budget"]),
         ("complete", doc["complete"]),
         ("  feasible", doc["feasible"]),
-        ("pruned (accuracy gate)", doc["pruned"]),
+        ("pruned (accuracy gate, slow)", doc["pruned"]),
         ("failed", doc["failed"]),
         ("running", doc["running"]),
         ("waiting", doc["waiting"]),

@@ -35,7 +35,7 @@ from tuner.study.optuna_adapter import settle_trial
 CONSTRAINT_KEYS = ("accuracy", "failure", "memory")  # "memory" only in a study with a memory cap
 UNCOUNTED = tuple(sorted(J.outcomes("requeued")))  # FAIL, not counted in the budget, re-queued
 FAILURES = J.outcomes("failed")  # PRUNED, counted: the route failed to build or run
-GATE = J.outcomes("pruned")  # PRUNED, counted: the quick accuracy gate failed
+STOPPED_EARLY = J.outcomes("pruned")  # PRUNED, counted: failed the quick accuracy gate, or slower than the incumbent
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner import job as J
 from tuner.study import attrs as A
-from tuner.study.outcome import FAILURES, GATE, UNCOUNTED, is_feasible
+from tuner.study.outcome import FAILURES, STOPPED_EARLY, UNCOUNTED, is_feasible
 
 
 @dataclass
@@ -123,7 +123,7 @@ def summarize_trials(name: str, trials: Sequence[FrozenTrial], attrs: Mapping[st
         if t.state.is_finished() and c:
             classes[c] = classes.get(c, 0) + 1
     failed = sum(1 for t in trials if t.state.is_finished() and failure_class(t) in FAILURES)
-    gate = sum(1 for t in trials if t.state == TrialState.PRUNED and failure_class(t) in GATE)
+    stopped = sum(1 for t in trials if t.state == TrialState.PRUNED and failure_class(t) in STOPPED_EARLY)
     baselines = [t for t in trials if t.user_attrs.get(A.SOURCE) == "baseline" and t.state == TrialState.COMPLETE]
     starts = [t.datetime_start for t in trials if t.datetime_start]
     ends = [t.datetime_complete for t in trials if t.datetime_complete]
@@ -137,12 +137,12 @@ def summarize_trials(name: str, trials: Sequence[FrozenTrial], attrs: Mapping[st
         study=name,
         budget=attrs.get(A.BUDGET),
         complete=len(complete),
-        pruned=gate,
+        pruned=stopped,
         failed=failed,
         running=sum(1 for t in trials if t.state == TrialState.RUNNING),
         waiting=sum(1 for t in trials if t.state == TrialState.WAITING),
         feasible=len(feasible),
-        infeasible=len(complete) - len(feasible) + gate - classes.get(J.SLOW, 0),  # slow routes are not infeasible
+        infeasible=len(complete) - len(feasible) + stopped - classes.get(J.SLOW, 0),  # slow routes are not infeasible
         requeued=sum(1 for t in trials if t.state == TrialState.FAIL and failure_class(t) in UNCOUNTED),
         cache_hits=sum(1 for t in trials if t.user_attrs.get(A.CACHE_HIT)),
         best=min(feasible, key=lambda t: (t.value, t.number)) if feasible else None,
