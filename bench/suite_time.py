@@ -10,8 +10,9 @@
    subreaper: one its parent left behind, such as a server left to die with its starter, is waited for
    here and counted too), the load average before and after, and pytest's summary line.
 
-3. **then and now** (`--against COMMIT`): that commit's own test command (one process, as its Makefile
-   ran it) in a temporary worktree of it, and today's test command on the tests that existed then
+3. **then and now** (`--against COMMIT`): that commit's own test command (one process, or `--workers` pytest-xdist
+   workers where its Makefile ran them) in a temporary worktree of it, and today's test command on the tests that
+   existed then
    (the test functions of that commit still present by name), alternating `--rounds` times, so
    both are measured close together in time on the same machine, interpreter and libraries (the old
    tree's `migrations/` is linked as `tuner/migrations`, where its wheel installs it).
@@ -257,6 +258,12 @@ def function_name(node_id: str) -> str:
     return node_id.split("::")[-1].split("[")[0].split("@")[0]
 
 
+def own_workers(tree: Path, workers: int) -> int:
+    """The worker count of the test command of the commit checked out in `tree`: `workers` where its Makefile runs
+    pytest-xdist (`-n`), else 0 (one process)."""
+    return workers if re.search(r"pytest\b.*\s-n\s", (tree / "Makefile").read_text()) else 0
+
+
 def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> dict[str, Any]:
     """Commit `old`'s test command against today's on the tests that existed at `old`, alternating.
 
@@ -270,7 +277,7 @@ def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> di
         common = [n for n in collected(REPO) if function_name(n) in then_names]
         runs: list[dict[str, Any]] = []
         for i in range(rounds):
-            order = [("then", 0, then_ids, tree), ("now", workers, common, REPO)]
+            order = [("then", own_workers(tree, workers), then_ids, tree), ("now", workers, common, REPO)]
             for label, n, tests, cwd in order if i % 2 == 0 else order[::-1]:
                 row = {"label": label, "round": i, **suite(n, tests, cwd, f"{label}-{i}")}
                 runs.append(row)
