@@ -66,9 +66,11 @@ print(time.perf_counter() - t0, "torch" in sys.modules)
 
 
 def machine() -> dict[str, Any]:
-    """What the figures were measured on."""
+    """What the figures were measured on (machines of one kind differ in their CPU model: it is named)."""
+    models = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
     return {
         "cpus": os.cpu_count(),
+        "cpu_model": models[0] if models else platform.processor(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "loadavg": list(os.getloadavg()),
