@@ -4,6 +4,7 @@ the default choice, on a synthetic landscape built in memory (the recorded-lands
 from __future__ import annotations
 
 import ast
+import json
 import math
 import sys
 from pathlib import Path
@@ -16,7 +17,15 @@ from bench.landscape.score import score, share
 from bench.landscape.simulate import Simulation, Step, simulate
 from bench.landscape.strategies import STRATEGIES, Direct, Run, condition_parents, gpt_fast, gpt_mixed
 from bench.landscape.truth import Truth
-from bench.search_efficiency import choose_default, resumed_strategies
+from bench.search_efficiency import (
+    SCENARIOS,
+    available,
+    choose_default,
+    dates,
+    earlier_results,
+    resumed_strategies,
+    truth_for,
+)
 from tests.conftest import REPO
 from tuner import job as J
 from tuner.backends.replay.landscape import Landscape, Point, Round
@@ -304,3 +313,21 @@ def test_resume_without_strategies_goes_on_with_the_results_file_s_own(tmp_path)
     results.write_text("not json")
     assert resumed_strategies(results) is None
     assert resumed_strategies(tmp_path / "missing.json") is None
+
+
+def test_resumed_results_are_dated_by_their_first_piece(tmp_path: Path) -> None:
+    """A resumed file keeps the first piece's start as its date and names the last resumption beside it."""
+    scenario = available(SCENARIOS)[0]
+    settings = {"seeds": 1}
+    first = {"generated": "2026-12-06 10:00 UTC", "settings": settings, "results": {scenario.name: {}}}
+    first["scenarios"] = {scenario.name: {"facts": truth_for(scenario).describe()}}
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(first))
+    previous = earlier_results(path, settings, [scenario])
+    assert dates("2026-12-06 12:00 UTC", previous) == {
+        "generated": "2026-12-06 10:00 UTC",
+        "resumed": "2026-12-06 12:00 UTC",
+    }
+    assert dates("2026-12-06 12:00 UTC", earlier_results(path, {"seeds": 2}, [scenario])) == {
+        "generated": "2026-12-06 12:00 UTC"  # other settings: started over
+    }
