@@ -41,6 +41,19 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+# How the suite's studies time the tiny model ([objective]): briefly, and beside the other tests. The suite runs on
+# shared, busy machines: contention is recorded, not acted on (tests of "exclusive" set it).
+BRIEF_TIMING: dict[str, Any] = {
+    "warmup_s": 0.0,
+    "min_repeats": 5,
+    "min_duration_s": 0.02,
+    "block_s": 0.002,
+    "timing_cap_s": 0.1,  # the tiny model takes microseconds: 0.1 s is thousands of calls per engine
+    "target_halfwidth": 0.1,
+    "contention": "shared",
+}
+
+
 @pytest.fixture(autouse=True)
 def no_outage_from_an_earlier_test() -> None:
     """Each test starts with this process's view of the database clear (`tuner.store.db.OUTAGE`): an outage an
@@ -157,17 +170,7 @@ def write_spec(tmp_path: Path, tiny_model: Path) -> SpecWriter:
             "model": {"path": str(tiny_model)},
             "data": {"samples": 4, "gate_samples": 2},
             "accuracy": {"metric": "cosine", "tolerance": 0.001},
-            # The suite runs on shared, busy machines: contention is recorded, not acted on
-            # (tests of "exclusive" set it).
-            "objective": {
-                "warmup_s": 0.0,
-                "min_repeats": 5,
-                "min_duration_s": 0.02,
-                "block_s": 0.002,
-                "timing_cap_s": 0.1,  # the tiny model takes microseconds: 0.1 s is thousands of calls per engine
-                "target_halfwidth": 0.1,
-                "contention": "shared",
-            },
+            "objective": dict(BRIEF_TIMING),
             "backend": {"name": "onnxruntime"},
             "run": {"budget": 4, "heartbeat_s": 0.5, "grace_s": 30.0, "trial_timeout_s": 120.0},
         }

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import BRIEF_TIMING
 from tuner import job as J
 from tuner.backends import get_backend
 from tuner.backends.base import Feed, ModelInfo, Runner
@@ -75,7 +76,7 @@ def _job(tmp_path: Path, model: Path, tolerance: float, options: dict[str, Any])
         rtol=1e-3,
         gate_samples=1,
         timeout_s=60,
-        objective=ObjectiveSpec(warmup_s=0.0, min_repeats=2, min_duration_s=0.0),
+        objective=ObjectiveSpec(**BRIEF_TIMING),
     )
 
 
