@@ -87,6 +87,7 @@ min_duration_s = 0.02
 block_s = 0.002
 timing_cap_s = 0.3
 target_halfwidth = 0.1
+contention = "shared"  # timed beside the other tests, as in conftest's study files
 
 [backend]
 name = "onnxruntime"
