@@ -244,22 +244,22 @@ def decided(standings: Mapping[int, Speedup], processes: Mapping[int, int], cap:
         return f"trial {leader} is faster than the default route" + (
             " and than every other candidate" if len(standings) > 1 else ""
         )
-    tied = ", ".join(str(n) for n in close)
+    tied = _trials(sorted([leader, *close]))  # the verdict names one, the study's own measurements pooled in (`judge`)
     if is_win(best) and all(is_win(standings[n]) and standings[n].estimate * (1 + TIE) >= best.estimate for n in close):
-        return (
-            f"trial {leader} is faster than the default route, and so is every candidate that cannot be told apart "
-            f"from it, each within {TIE:.0%} of its estimate (trial {tied})"
-        )
+        return f"{tied} are each faster than the default route and cannot be told apart (within {TIE:.0%})"
     if is_win(best) and all(unbreakable(best, processes[leader], standings[n], processes[n], cap) for n in close):
-        return (
-            f"trial {leader} is faster than the default route; {cap} rounds could not tell it apart from trial "
-            f"{tied} at these estimates"
-        )
+        return f"{tied} are each faster than the default route; {cap} rounds could not tell them apart here"
     if all(s.slower for s in standings.values()):
         return "every candidate is slower than the default route"
     if all(s.high < MIN_SPEEDUP for s in standings.values()):
         return f"no candidate can be {MIN_SPEEDUP}x faster than the default route"
     return ""
+
+
+def _trials(numbers: list[int]) -> str:
+    """`trials 3, 4 and 17`."""
+    head, last = ", ".join(str(n) for n in numbers[:-1]), numbers[-1]
+    return f"trials {head} and {last}"
 
 
 def settled(number: int, standings: Mapping[int, Speedup]) -> bool:
