@@ -67,10 +67,11 @@ print(time.perf_counter() - t0, "torch" in sys.modules)
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on (machines of one kind differ in their CPU model: it is named)."""
-    models = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    from tuner.backends.device import cpu_fingerprint
+
     return {
         "cpus": os.cpu_count(),
-        "cpu_model": models[0] if models else platform.processor(),
+        "cpu_model": cpu_fingerprint()["cpu"],
         "platform": platform.platform(),
         "python": platform.python_version(),
         "loadavg": list(os.getloadavg()),
