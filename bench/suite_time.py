@@ -15,7 +15,8 @@
    existed then
    (the test functions of that commit still present by name), alternating `--rounds` times, so
    both are measured close together in time on the same machine, interpreter and libraries (the old
-   tree's `migrations/` is linked as `tuner/migrations`, where its wheel installs it).
+   tree's `migrations/` is linked as `tuner/migrations`, where its wheel installs it). The pair it replaces under
+   `then_and_now[COMMIT]` is kept as `then_and_now["COMMIT-against-ITS_NOW_COMMIT"]`.
 
 Writes bench/results/test-suite.json (runs keyed by commit and worker count, merged with earlier keys; failed
 tests by name; a top-level `latest` with the wall and CPU seconds and the commit of the last run of the
@@ -367,9 +368,8 @@ def main() -> None:
     key = commit()
     if args.against:
         name = args.against + "".join(f"-without-{t}" for t in args.deselect)
-        doc.setdefault("then_and_now", {})[name] = then_and_now(
-            args.against, args.rounds, args.workers[0], args.deselect
-        )
+        keep_earlier(doc.setdefault("then_and_now", {}), name)
+        doc["then_and_now"][name] = then_and_now(args.against, args.rounds, args.workers[0], args.deselect)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
     if args.whole_against:
         keep_earlier(doc.setdefault("whole_against", {}), args.whole_against)
