@@ -47,11 +47,11 @@ def tuner_overhead(spec_path: str, storage: str | None) -> dict[str, float]:
 def cpu() -> dict[str, object]:
     """The processor the figures were measured on: its model, cores and whether it has VNNI (int8 dot products,
     which decide how much the int8 routes gain)."""
+    from tuner.backends.device import cpu_fingerprint
     from tuner.backends.onnxruntime.quant_space import cpu_flags
 
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    return {"model": model, "cores": os.cpu_count(), "vnni": bool(cpu_flags() & {"avx512_vnni", "avx_vnni"})}
+    host = cpu_fingerprint()
+    return {"model": host["cpu"], "cores": host["cores"], "vnni": bool(cpu_flags() & {"avx512_vnni", "avx_vnni"})}
 
 
 def main() -> None:
