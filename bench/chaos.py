@@ -208,8 +208,9 @@ def _procs() -> list[tuple[int, int, str]]:
     return out
 
 
-def _signal(pids: list[int], signum: int) -> list[int]:
-    """Send `signum` to each of `pids`; those still there (a backend may end between listing and signal)."""
+def signal_each(pids: list[int], signum: int) -> list[int]:
+    """Send `signum` to each of `pids`; those still there (a backend may end between listing and signal, and an ended
+    backend the frozen postmaster had not reaped is reaped as soon as the postmaster continues)."""
     sent = []
     for pid in pids:
         try:
@@ -635,7 +636,7 @@ class Seed:
         return {"armed": list(STEPS)}
 
     def _freeze(self, seconds: float, sigterm: bool) -> dict[str, Any]:
-        pids = _signal(self.cluster.pids(), signal.SIGSTOP)
+        pids = signal_each(self.cluster.pids(), signal.SIGSTOP)
         t = time.monotonic()
         detail: dict[str, Any] = {"frozen_s": seconds, "processes": len(pids)}
         try:
@@ -652,7 +653,7 @@ class Seed:
                     run.kill()
             time.sleep(max(0.0, seconds - (time.monotonic() - t)))  # the rest of the freeze
         finally:
-            _signal(pids, signal.SIGCONT)
+            signal_each(pids, signal.SIGCONT)
         return detail
 
     def freeze_short(self) -> dict[str, Any]:

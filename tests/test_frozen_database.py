@@ -5,7 +5,6 @@ one is never stopped); needs the PostgreSQL server binaries and runuser."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import tempfile
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import PG_BIN, SIGTERM_LIMIT_S, PrivateCluster
+from bench.chaos import PG_BIN, SIGTERM_LIMIT_S, PrivateCluster, signal_each
 from tests.conftest import SpecWriter
 from tests.helpers import start_tuner, trial_dir, wait_for_file
 
@@ -57,17 +56,14 @@ def test_sigterm_ends_tuner_run_within_15_s_while_the_database_is_frozen(
             try:
                 wait_for_file(markers / "blocked-0", proc)
                 result = trial_dir(url, "tiny", spec.parent / ".tuner" / "tiny", 0) / "result.json"
-                frozen = cluster.pids()
-                for pid in frozen:
-                    os.kill(pid, signal.SIGSTOP)
+                frozen = signal_each(cluster.pids(), signal.SIGSTOP)
                 try:
                     (markers / "release").touch()
                     _until(lambda: _final(result), "the child's result", proc=proc)  # the worker records it: waits
                     proc.send_signal(signal.SIGTERM)
                     assert proc.wait(timeout=SIGTERM_LIMIT_S) == 130, (tmp_path / "run.log").read_text()[-3000:]
                 finally:
-                    for pid in frozen:
-                        os.kill(pid, signal.SIGCONT)
+                    signal_each(frozen, signal.SIGCONT)
             finally:
                 if proc.poll() is None:
                     proc.kill()
