@@ -342,6 +342,16 @@ def _batch_feeds() -> dict[int, dict[str, np.ndarray]]:
     return {n: {"x": rng.uniform(-1, 1, (n, SHAPE[1])).astype(np.float32)} for n in BATCHES}
 
 
+def test_the_code_hash_leaves_out_the_number_inductor_gives_a_graph_in_its_process() -> None:
+    from tuner.backends.inductor.build import code_digest
+
+    code = "# AOT ID: ['0_inference']\nfrom ctypes import c_void_p\n\ndef call(args):\n    return kernel_0(args)\n"
+    later = code.replace("'0_inference'", "'3_inference'")  # the same graph, compiled after three others
+    assert code_digest([code]) == code_digest([later])
+    assert code_digest([code]) != code_digest([code.replace("kernel_0", "kernel_1")])
+    assert code_digest([code, later]) != code_digest([code])
+
+
 @needs_torch
 def test_each_served_shape_gets_its_own_compiled_module_also_when_reloaded(tmp_path: Path, shared_cache: str) -> None:
     pytest.importorskip("onnx2torch", reason="onnx2torch (and the torchvision it imports) is not installed")

@@ -26,6 +26,7 @@ import importlib
 import io
 import json
 import os
+import re
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ from tuner.space import Route
 ARTIFACT = "inductor.tar"
 WARMUP_CALLS = 3  # CUDA-graph modes record on the third call; every compile happens before timing
 ONNX_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}  # torch -> ONNX Pad mode
+AOT_ID_LINE = re.compile(r"^# AOT ID: .*$", re.MULTILINE)  # the header line naming the graph's number in its process
 
 
 def build(route: Route, ctx: BuildContext) -> Artifact:
@@ -323,10 +325,12 @@ def _onnx_outputs(path: Path) -> list[str]:
 
 
 def code_digest(codes: list[str]) -> str:
-    """sha256 over the output code of every graph, in compile order."""
+    """sha256 over the output code of every graph, in compile order, without its `# AOT ID` line: Inductor numbers the
+    graphs a process compiles, so the same graph compiled after others, or read from the shared cache as another
+    process wrote it, names another AOT ID in otherwise equal code."""
     h = hashlib.sha256()
     for code in codes:
-        h.update(code.encode())
+        h.update(AOT_ID_LINE.sub("", code).encode())
         h.update(b"\0")
     return h.hexdigest()
 
