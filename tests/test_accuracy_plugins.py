@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import SpecWriter, run_study, tuner
+from tests.conftest import BRIEF_TIMING, SpecWriter, run_study, to_toml, tuner
 from tests.helpers import trials
 from tests.models import vad_model
 from tuner import job as J
@@ -101,15 +101,7 @@ metric = "cosine"
 tolerance = 0.01
 [accuracy.outputs.stateN]
 {rule}
-[objective]
-warmup_s = 0.0
-min_repeats = 5
-min_duration_s = 0.02
-block_s = 0.002
-timing_cap_s = 0.3
-target_halfwidth = 0.1
-contention = "shared"
-[backend]
+{objective}[backend]
 name = "onnxruntime"
 space.precision = ["fp32"]
 [run]
@@ -122,7 +114,7 @@ trial_timeout_s = 120.0
 def _vad_study(tmp_path: Path, rule: str) -> Path:
     vad_model(tmp_path / "vad.onnx")
     path = tmp_path / "vad.toml"
-    path.write_text(VAD.format(rule=rule))
+    path.write_text(VAD.format(rule=rule, objective=to_toml({"objective": BRIEF_TIMING})))
     return path
 
 

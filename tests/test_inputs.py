@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_study
+from tests.conftest import BRIEF_TIMING, run_study, to_toml
 from tests.helpers import trials
 from tests.models import vad_model
 from tuner import job as J
@@ -34,19 +34,11 @@ low = -0.5
 high = 0.5
 """
 
-REST = """[accuracy]
+REST = f"""[accuracy]
 metric = "cosine"
 tolerance = 0.001
 
-[objective]  # short timings beside the other tests, as in conftest's study files
-warmup_s = 0.0
-min_repeats = 5
-min_duration_s = 0.02
-block_s = 0.002
-timing_cap_s = 0.1
-target_halfwidth = 0.1
-contention = "shared"
-
+{to_toml({"objective": BRIEF_TIMING})}
 [backend]
 name = "onnxruntime"
 space.precision = ["fp32", "int8_static"]  # its fp16 routes: tests/test_ort_loads.py

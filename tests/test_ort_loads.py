@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_study
+from tests.conftest import BRIEF_TIMING, run_study, to_toml
 from tests.helpers import trials
 from tests.models import conv_model, vad_model
 from tests.test_inputs import CONSTANTS, MODEL
@@ -80,15 +80,7 @@ gate_samples = 1
 metric = "cosine"
 tolerance = 0.01
 
-[objective]
-warmup_s = 0.0
-min_repeats = 5
-min_duration_s = 0.02
-block_s = 0.002
-timing_cap_s = 0.3
-target_halfwidth = 0.1
-contention = "shared"  # timed beside the other tests, as in conftest's study files
-
+{to_toml({"objective": BRIEF_TIMING})}
 [backend]
 name = "onnxruntime"
 space.precision = ["fp32", "fp16"]
