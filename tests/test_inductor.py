@@ -342,14 +342,17 @@ def _batch_feeds() -> dict[int, dict[str, np.ndarray]]:
     return {n: {"x": rng.uniform(-1, 1, (n, SHAPE[1])).astype(np.float32)} for n in BATCHES}
 
 
-def test_the_code_hash_leaves_out_the_number_inductor_gives_a_graph_in_its_process() -> None:
-    from tuner.backends.inductor.build import code_digest
+def test_the_code_hash_leaves_out_the_number_inductor_gives_a_graph_in_its_process(tmp_path: Path) -> None:
+    from tuner.backends.inductor.build import code_digest, pack, stored_codes
 
     code = "# AOT ID: ['0_inference']\nfrom ctypes import c_void_p\n\ndef call(args):\n    return kernel_0(args)\n"
     later = code.replace("'0_inference'", "'3_inference'")  # the same graph, compiled after three others
     assert code_digest([code]) == code_digest([later])
     assert code_digest([code]) != code_digest([code.replace("kernel_0", "kernel_1")])
     assert code_digest([code, later]) != code_digest([code])
+    # A reload compares with the artifact's own graph files, whatever hash its manifest holds
+    pack([code, code.replace("kernel_0", "kernel_1")], {"code_sha256": "hashed-another-way"}, tmp_path / "a.tar")
+    assert stored_codes(tmp_path / "a.tar") == [code, code.replace("kernel_0", "kernel_1")]
 
 
 @needs_torch

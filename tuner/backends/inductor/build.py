@@ -78,12 +78,9 @@ def rebuild(
     artifact_path: Path, route: Route, model: ModelInfo, feed: Feed, work_dir: Path, log: Callable[[str], None]
 ) -> Engine:
     """An engine for a stored artifact: recompile its route at every served shape (from the shared cache) and compare
-    the code."""
+    the code with the artifact's (its graph files, so an artifact hashed another way compares all the same)."""
     engine, codes, _ = compile_engine(route, model, feed, work_dir)
-    with tarfile.open(artifact_path) as tar:
-        member = tar.extractfile("manifest.json")
-        stored = json.loads(member.read()) if member else {}
-    if stored.get("code_sha256") != code_digest(codes):
+    if code_digest(stored_codes(artifact_path)) != code_digest(codes):
         log(
             "inductor: the route recompiled to different code than the stored artifact (e.g. autotuning chose other "
             "kernels)"
@@ -344,6 +341,13 @@ def pack(codes: list[str], manifest: dict[str, Any], out: Path) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
+
+
+def stored_codes(path: Path) -> list[str]:
+    """The output code of every graph in the artifact `path` (`pack`'s `graph_NNN.py` files), in compile order."""
+    with tarfile.open(path) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith("graph_")]
+        return [tar.extractfile(m).read().decode() for m in members]  # type: ignore[union-attr]
 
 
 def _cache_hits(counters: Any) -> int:
