@@ -18,28 +18,23 @@ from tuner.measure.inputs import Feed, feeds_hash, file_hash
 RECIPE = 3
 PRECISIONS = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "fp8_static")
 
+# Normalisations and softmaxes: what fp16/bf16 most often breaks.
+NORM_SOFTMAX = (
+    "LayerNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipLayerNormalization",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "Softmax",
+    "LogSoftmax",
+)
 # Operators kept in fp32 when casting to fp16/bf16: the block list is itself a search parameter.
 BLOCK_LISTS: dict[str, tuple[str, ...]] = {
     "none": (),
-    "norm_softmax": (
-        "LayerNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "BatchNormalization",
-        "InstanceNormalization",
-        "GroupNormalization",
-        "Softmax",
-        "LogSoftmax",
-    ),
+    "norm_softmax": NORM_SOFTMAX,
     "sensitive": (
-        "LayerNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "BatchNormalization",
-        "InstanceNormalization",
-        "GroupNormalization",
-        "Softmax",
-        "LogSoftmax",
+        *NORM_SOFTMAX,
         "ReduceMean",
         "ReduceSum",
         "ReduceL2",
