@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.busy import busy_core  # noqa: E402
+from bench.landscape.models import fetch  # noqa: E402
 from tests.conftest import to_toml  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "load.json"
-OCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
-OCR_MODEL = "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
 OCR_LINES = [
     "Route Tuner 2026",
     "invoice no. 48213",
@@ -97,30 +95,12 @@ def bundled_spec(tmp: Path, name: str) -> Path:
 
 
 def ocr_inputs(tmp: Path) -> tuple[Path, Path]:
-    """The PP-OCRv4 recogniser from its PyPI wheel, and 24 rendered text lines as its validation data (once per run)."""
+    """The PP-OCRv4 recogniser from its PyPI wheel (`bench.landscape.models.fetch`), and 24 rendered text lines as its
+    validation data (once per run)."""
     import numpy as np
     from PIL import Image, ImageDraw
 
-    model, data = tmp / "ppocrv4_rec.onnx", tmp / "ppocrv4_lines.npz"
-    if not model.exists():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--only-binary=:all:",
-                "-d",
-                str(tmp),
-                OCR_WHEEL,
-            ],
-            check=True,
-        )
-        (wheel,) = tmp.glob("rapidocr_onnxruntime-*.whl")
-        with zipfile.ZipFile(wheel) as z:
-            model.write_bytes(z.read(OCR_MODEL))
+    model, data = fetch("ppocrv4_rec.onnx"), tmp / "ppocrv4_lines.npz"
     lines = []
     for text in OCR_LINES:
         img = Image.new("RGB", (320, 48), "white")

@@ -52,6 +52,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.wheels import download  # noqa: E402
+
 OUT = REPO / "bench" / "results" / "test-suite.json"
 LOG = Path(tempfile.gettempdir()) / "suite-time.log"  # each run's full output, as suite-time.log-N
 ML_DTYPES = ("0.7.0", "0.6.0")
@@ -92,24 +96,9 @@ def commit() -> str:
 
 def _unpacked_ml_dtypes(version: str, into: Path) -> Path:
     """ml_dtypes `version`'s wheel for this interpreter, unpacked under `into`."""
-    wheels = into / "wheels" / version
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            str(wheels),
-            f"ml_dtypes=={version}",
-        ],
-        check=True,
-    )
+    wheel = download(f"ml_dtypes=={version}", into / "wheels" / version)
     target = into / f"ml_dtypes-{version}"
-    with zipfile.ZipFile(next(wheels.glob("*.whl"))) as whl:
+    with zipfile.ZipFile(wheel) as whl:
         whl.extractall(target)
     return target
 

