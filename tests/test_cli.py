@@ -114,8 +114,10 @@ def test_exit_statuses_bad_input_2_no_speedup_4(cli, write_spec, sqlite_url, tmp
 
 
 def test_a_timeout_interrupts_the_trial_in_flight_requeues_it_and_ends_with_a_verdict(
-    write_spec, sqlite_url, tmp_path: Path
+    write_spec, sqlite_url, tmp_path: Path, own_timing_locks: Path
 ) -> None:
+    # Timing locks of its own: the blocked build holds the host's lock shared for the whole minute, which would
+    # hold up every other test's timings (and, queued behind those, their trials' starts) as long.
     markers = tmp_path / "markers"
     options = {"marker_dir": str(markers), "faults": {"0": "block"}}  # the first build blocks until released: never
     # The cap counts from the command's start: about 5 s pass before trial 0 builds on a quiet host, and over 20 s

@@ -44,11 +44,14 @@ def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(cli, write_spec,
     assert s["running"] == 0 and s["requeued"] == 1
 
 
-def test_segfault_and_hang_are_classified_and_the_worker_goes_on(write_spec, sqlite_url, tmp_path: Path) -> None:
+def test_segfault_and_hang_are_classified_and_the_worker_goes_on(
+    write_spec, sqlite_url, tmp_path: Path, own_timing_locks: Path
+) -> None:
     markers = tmp_path / "markers"
-    # The timeout ends the hang. Waits for other tests' timings are kept out of a trial's deadline, but CPU
-    # taken from the working trial's build is not: tests on timing locks of their own time beside it at
-    # raised priority (tuner.measure.priority), so 30 s, not 3.
+    # The timeout ends the hang; the hung build holds its timing locks shared until then, so they are its own, not
+    # the run's (which would hold up every other test's timings as long). CPU taken from the working trial's build
+    # is not kept out of its deadline: tests on timing locks of their own time beside it at raised priority
+    # (tuner.measure.priority), so 30 s, not 3.
     spec = write_spec(
         **{
             "backend.name": FAULT,
