@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from tests.helpers import start_tuner, trials
+from tests.helpers import start_tuner, trials, wait_for_file
 from tuner import job as J
-from tuner.measure.exclusive import DeviceLock, device_key
+from tuner.measure.exclusive import DeviceLock, Hold, LockWaitExpired, device_key
 from tuner.spec import load_spec
 from tuner.study.setup import Context
 from tuner.worker.isolate import run_isolated
@@ -103,6 +104,38 @@ def test_one_timing_per_device_and_devices_are_independent(tmp_path: Path) -> No
     finally:
         for p in (t2, gpu1):
             p.close()
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+def test_a_wait_ends_when_its_stop_is_set_unheld_or_raising(tmp_path: Path) -> None:
+    timing = LockProc(tmp_path)
+    try:
+        timing.send("exclusive")
+        assert timing.reply() == "held exclusive 1"
+        for go_ahead in (True, False):
+            stop, outcome = threading.Event(), []
+
+            def wait(go_ahead: bool = go_ahead, stop: threading.Event = stop, outcome: list = outcome) -> None:
+                try:
+                    with DeviceLock("host", tmp_path, go_ahead=go_ahead, stop=stop).shared() as hold:
+                        outcome.append(hold)
+                except TimeoutError as exc:
+                    outcome.append(exc)
+
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            wait_blocked(os.getpid())  # no bound on the wait but the stop
+            stop.set()
+            waiter.join(timeout=30)
+            (got,) = outcome
+            if go_ahead:
+                assert isinstance(got, Hold) and not got.held and "waited" in got.reason
+            else:
+                assert isinstance(got, LockWaitExpired)
+        timing.send("release")
+        assert timing.reply() == "released"  # held by the other process all along
+    finally:
+        timing.close()
 
 
 def test_device_keys_and_an_unusable_lock_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,3 +242,46 @@ def test_a_worker_samples_only_between_cpu_timings(write_spec, sqlite_url, tmp_p
         proc.kill()
         timing.close()
     assert [t.state for t in trials(sqlite_url, "tiny")] == [TrialState.COMPLETE]
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+def test_a_stopped_worker_records_its_trial_in_flight_without_queueing_behind_another_process(
+    write_spec, sqlite_url, tmp_path: Path
+) -> None:
+    """Ctrl-C while another process's timing waits for the trial's build: the worker records the trial in flight
+    (interrupted, re-queued) and exits at once, not after that timing, nor after its wait's bound (a trial's
+    timeout: 600 s here)."""
+    locks, markers = tmp_path / "locks", tmp_path / "markers"
+    spec = write_spec(
+        **{
+            "backend.name": "tests.backends:FaultBackend",
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
+            "run.budget": 2,
+            "run.trial_timeout_s": 600.0,
+        }
+    )
+    proc = start_tuner(
+        "run",
+        str(spec),
+        "--no-confirm",
+        "--storage",
+        sqlite_url,
+        log=tmp_path / "run.log",
+        env={"TUNER_LOCK_DIR": str(locks)},
+    )
+    timing = LockProc(locks)
+    try:
+        wait_for_file(markers / "blocked-0", proc)  # the trial's child builds, holding the host's cores shared
+        timing.send("exclusive")
+        wait_blocked(timing.proc.pid)  # another process's timing queues behind the build
+        proc.send_signal(signal.SIGINT)  # the worker kills its child: the timing gets the cores, and keeps them
+        assert timing.reply() == "held exclusive 1"
+        assert proc.wait(timeout=300) == 130, (tmp_path / "run.log").read_text()[-2000:]
+        timing.send("release")  # the timing held the cores all along
+        assert timing.reply() == "released"
+    finally:
+        proc.kill()
+        timing.close()
+    ts = trials(sqlite_url, "tiny")
+    assert [t.user_attrs.get("failure_class") for t in ts if t.state == TrialState.FAIL] == ["interrupted"]
+    assert 0 in [t.user_attrs.get("retry_of") for t in ts if t.state == TrialState.WAITING]  # asked again

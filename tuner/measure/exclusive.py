@@ -27,7 +27,9 @@ its files opened 0600 with `O_NOFOLLOW`, so no other local user can hold a devic
 used the timing goes ahead and is recorded as not exclusive, with the reason (`Hold`).
 
 Waits are bounded where the caller says so (`wait_s`): a lock not had by then raises `LockWaitExpired`
-(an `ETIMEDOUT` error, which `tuner.worker.environment` classes as the machine's, not the route's). A
+(an `ETIMEDOUT` error, which `tuner.worker.environment` classes as the machine's, not the route's), and so
+does a wait whose caller's `stop` event is set (a worker told to stop records its trial in flight at once,
+not after another process's build and the timing queued behind it). A
 process that reports its waits (`report_waits`) writes how long it has waited so far to a small file,
 so its worker can keep waits out of the trial's deadline (`tuner.worker.isolate`).
 """
@@ -38,6 +40,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import stat
 import tempfile
@@ -51,6 +54,7 @@ from typing import Any
 LOCK_DIR_ENV = "TUNER_LOCK_DIR"
 STARTUP_HOLD_ENV = "TUNER_STARTUP_HOLD_FD"  # the descriptor of the shared hold a child inherits from its worker
 HOST = "host"
+STOP_POLL_S = 0.1  # how often a stoppable wait looks at its stop event
 
 
 def lock_dir() -> Path:
@@ -133,12 +137,13 @@ def waited(path: Path, now: float) -> float:
     return float(data.get("waited_s", 0.0)) + (max(0.0, now - float(since)) if since is not None else 0.0)
 
 
-def flock_within(fd: int, flags: int, wait_s: float | None, what: str) -> float:
-    """`flock(fd, flags)`, waiting at most `wait_s` seconds (None: as long as it takes); the seconds waited.
+def flock_within(fd: int, flags: int, wait_s: float | None, what: str, stop: threading.Event | None = None) -> float:
+    """`flock(fd, flags)`, waiting at most `wait_s` seconds (None: as long as it takes) and, with `stop`, only until
+    it is set (then `LockWaitExpired`); the seconds waited.
 
-    The wait blocks in the kernel (a waiter is listed in /proc/locks); a bounded one blocks in a thread on a
-    duplicate of `fd`, and one given up on leaves that thread to drop the lock as soon as it gets it. The
-    wait is reported (`WAITS`).
+    The wait blocks in the kernel (a waiter is listed in /proc/locks); a bounded or stoppable one blocks in a
+    thread on a duplicate of `fd`, and one given up on leaves that thread to drop the lock as soon as it gets it.
+    The wait is reported (`WAITS`).
     """
     try:
         fcntl.flock(fd, flags | fcntl.LOCK_NB)
@@ -148,10 +153,10 @@ def flock_within(fd: int, flags: int, wait_s: float | None, what: str) -> float:
     start = time.monotonic()
     WAITS.write(start)
     try:
-        if wait_s is None:
+        if wait_s is None and stop is None:
             fcntl.flock(fd, flags)
         else:
-            _BoundedFlock(fd, flags).wait(wait_s, what)
+            _BoundedFlock(fd, flags).wait(math.inf if wait_s is None else wait_s, what, stop)
         return time.monotonic() - start
     finally:
         WAITS.waited_s += time.monotonic() - start
@@ -179,9 +184,15 @@ class _BoundedFlock:
                 os.close(self.dup)
         self.done.set()
 
-    def wait(self, wait_s: float, what: str) -> None:
+    def wait(self, wait_s: float, what: str, stop: threading.Event | None = None) -> None:
         start = time.monotonic()
-        self.done.wait(wait_s)
+        if stop is None:
+            self.done.wait(wait_s)
+        else:
+            end = start + wait_s
+            while not self.done.wait(min(STOP_POLL_S, max(0.0, end - time.monotonic()))):
+                if stop.is_set() or time.monotonic() >= end:
+                    break
         with self.mutex:
             if not self.got and self.error is None:
                 self.abandoned = True
@@ -227,12 +238,18 @@ class DeviceLock:
     """The reader/writer lock of one device on this host."""
 
     def __init__(
-        self, device: str, directory: Path | None = None, wait_s: float | None = None, go_ahead: bool = False
+        self,
+        device: str,
+        directory: Path | None = None,
+        wait_s: float | None = None,
+        go_ahead: bool = False,
+        stop: threading.Event | None = None,
     ) -> None:
         self.device = device
         self.directory = directory or lock_dir()
         self.wait_s = wait_s  # the longest wait (None: as long as the process's limit allows); then LockWaitExpired
         self.go_ahead = go_ahead  # a wait that expires goes ahead unheld (`Hold.held` False) instead of raising
+        self.stop = stop  # once set, a wait ends as one that expired (a stopping process does not queue)
 
     def _open(self, suffix: str) -> int:
         private_dir(self.directory)
@@ -254,12 +271,13 @@ class DeviceLock:
             return
         try:
             try:
-                spent = flock_within(turnstile, fcntl.LOCK_EX, WAITS.allowance(self.wait_s), self.device)
+                spent = flock_within(turnstile, fcntl.LOCK_EX, WAITS.allowance(self.wait_s), self.device, self.stop)
                 flock_within(
                     rw,
                     fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH,
                     WAITS.allowance(None if self.wait_s is None else max(0.0, self.wait_s - spent)),
                     self.device,
+                    self.stop,
                 )
                 expired = ""
             except LockWaitExpired as exc:

@@ -109,8 +109,9 @@ class Worker:
         self.baseline_value: float | None = None  # the completed baseline trial's value, once read
         run = self.spec.run
         # Held shared while sampling and recording (CPU work): no CPU timing meanwhile; a wait as long as a trial
-        # (a stuck holder) goes ahead without it.
-        self.cores = DeviceLock(HOST, wait_s=run.trial_timeout_s, go_ahead=True)
+        # (a stuck holder) goes ahead without it, and so does every wait once the worker is stopping: the trial in
+        # flight is recorded at once, not after another process's build and the timing queued behind it.
+        self.cores = DeviceLock(HOST, wait_s=run.trial_timeout_s, go_ahead=True, stop=self.stop.event)
         self.reaper = Reaper(ctx, self.study, self.leases)
         self.racer = Racer(ctx, self.study, self.results, self.name, self.stop.child)
         pairing = Pairing(
