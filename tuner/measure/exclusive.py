@@ -190,8 +190,8 @@ class _BoundedFlock:
             self.done.wait(wait_s)
         else:
             end = start + wait_s
-            while not self.done.wait(min(STOP_POLL_S, max(0.0, end - time.monotonic()))):
-                if stop.is_set() or time.monotonic() >= end:
+            while not (stop.is_set() or self.done.wait(min(STOP_POLL_S, max(0.0, end - time.monotonic())))):
+                if time.monotonic() >= end:
                     break
         with self.mutex:
             if not self.got and self.error is None:
