@@ -203,6 +203,11 @@ def test_a_trial_starts_and_builds_after_a_cpu_timing_unless_its_backend_leaves_
     assert len(list(log.glob("*.json"))) == 1
 
 
+def _run_on(locks: Path, spec: Path, url: str, log: Path) -> subprocess.Popen[bytes]:
+    """`tuner run SPEC --no-confirm` on the timing locks in `locks` (its workers and children inherit them)."""
+    return start_tuner("run", str(spec), "--no-confirm", "--storage", url, log=log, env={"TUNER_LOCK_DIR": str(locks)})
+
+
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
 def test_a_worker_samples_only_between_cpu_timings(write_spec, sqlite_url, tmp_path: Path) -> None:
     """Optuna's sampling (and recording) use the cores too: a worker asks for a trial only once no timing runs."""
@@ -219,15 +224,7 @@ def test_a_worker_samples_only_between_cpu_timings(write_spec, sqlite_url, tmp_p
     timing.send("exclusive")
     assert timing.reply() == "held exclusive 1"
     before = _waiting_pids(locks)
-    proc = start_tuner(
-        "run",
-        str(spec),
-        "--no-confirm",
-        "--storage",
-        sqlite_url,
-        log=tmp_path / "run.log",
-        env={"TUNER_LOCK_DIR": str(locks)},
-    )
+    proc = _run_on(locks, spec, sqlite_url, tmp_path / "run.log")
     try:
         deadline = time.monotonic() + 120
         while not (_waiting_pids(locks) - before):  # an event: the worker queues on the host lock
@@ -260,15 +257,7 @@ def test_a_stopped_worker_records_its_trial_in_flight_without_queueing_behind_an
             "run.trial_timeout_s": 600.0,
         }
     )
-    proc = start_tuner(
-        "run",
-        str(spec),
-        "--no-confirm",
-        "--storage",
-        sqlite_url,
-        log=tmp_path / "run.log",
-        env={"TUNER_LOCK_DIR": str(locks)},
-    )
+    proc = _run_on(locks, spec, sqlite_url, tmp_path / "run.log")
     timing = LockProc(locks)
     try:
         wait_for_file(markers / "blocked-0", proc)  # the trial's child builds, holding the host's cores shared
