@@ -105,6 +105,65 @@ def test_a_stopped_baseline_worker_is_reaped_and_the_study_ends_at_its_budget(
         ).all()
 
 
+def _leased(pg_url: str) -> dict[int, int]:
+    """trial number -> pid of the worker holding its lease, for the running leases of study `tiny`."""
+    with get_engine(normalize_url(pg_url)).connect() as c:
+        rows = c.exec_driver_sql(
+            "SELECT t.number, l.pid FROM tuner_leases l JOIN trials t ON t.trial_id = l.trial_id"
+            " WHERE l.state = 'running' AND l.study = 'tiny'"
+        ).all()
+    return {int(number): int(pid) for number, pid in rows}
+
+
+def test_a_worker_whose_trial_was_reaped_before_its_child_started_starts_none(
+    write_spec: SpecWriter, pg_url: str, tmp_path: Path, own_timing_locks: Path
+) -> None:
+    # Worker B reserves trial 1, samples its route and waits for the baseline, which worker A builds (blocked).
+    # B is stopped there; A reaps trial 1 and re-queues its route. Once B goes on, starting a child for the reaped
+    # trial would build the route a second time, beside its re-queued run.
+    markers = tmp_path / "markers"
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
+            "run.budget": 3,
+            "run.workers": 2,
+            "run.heartbeat_s": 0.5,
+            "run.grace_s": 4.0,
+            "run.sampler": "random",
+        }
+    )
+    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
+    stopped = None
+    try:
+        wait_for_file(markers / "blocked-0", proc)
+        builder = int((markers / "blocked-0").read_text())
+
+        def waiting() -> int | None:  # B's pid, once its trial has a route (sampled: it now waits for the baseline)
+            sampled = {t.number for t in trials(pg_url, "tiny") if t.params}
+            return next((pid for n, pid in _leased(pg_url).items() if n != 0 and n in sampled), None)
+
+        stopped = _until(waiting, "the second worker's trial sampled", proc=proc)
+        assert stopped != builder
+        os.kill(stopped, signal.SIGSTOP)
+        _until(
+            lambda: [t for t in trials(pg_url, "tiny") if t.user_attrs.get("failure_class") == "lost"],
+            "the stopped worker's trial reaped",
+            proc=proc,
+        )
+        (markers / "release").touch()
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        (markers / "release").touch()
+    assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    ts = trials(pg_url, "tiny")
+    assert len(_counted(ts)) == 3
+    assert len(list(markers.glob("build-*"))) == 3  # the baseline, the re-queued route, one more: none built twice
+    log = (tmp_path / "run.log").read_text()
+    assert log.count("was reaped while this worker was stopped") == 1, log[-3000:]
+
+
 def test_the_lock_directory_is_private(tmp_path: Path) -> None:
     loose = tmp_path / "loose"
     loose.mkdir(mode=0o755)
@@ -533,8 +592,12 @@ def test_a_trial_whose_stopped_worker_holds_up_the_others_timings_is_reaped_whil
         )
     finally:
         os.kill(stopped, signal.SIGCONT)
+    # Resumed, the worker finds its trial reaped and kills its child, still blocked: the run ends with no release.
+    try:
+        assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
         (markers / "release").touch()
     assert len(lost) == 1
-    assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
     ts = trials(pg_url, "tiny")
     assert len(_counted(ts)) == 4 and not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert (tmp_path / "run.log").read_text().count("was reaped while this worker was stopped") == 1

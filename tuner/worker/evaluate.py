@@ -40,6 +40,7 @@ from tuner.study import outcome
 from tuner.study.setup import Context
 from tuner.worker.artifacts import Artifacts, Outside
 from tuner.worker.environment import ENV_ATTEMPTS, ENV_BACKOFF_S, environment_fault
+from tuner.worker.heartbeat import Heartbeat
 from tuner.worker.isolate import ChildHandle, run_isolated
 from tuner.worker.jobs import make_job, measure_settings, measurement_stats
 from tuner.worker.pairing import Pairing
@@ -72,10 +73,11 @@ class Evaluator:
         self.env_id = results.record_environment(self.environment)
         self.artifacts = Artifacts(ctx.work_dir / "artifacts", results, backend.name, db)
 
-    def evaluate(self, number: int, route: dict[str, Any], fence: Fence) -> tuple[J.Result, dict[str, Any]]:
+    def evaluate(self, number: int, route: dict[str, Any], lease: Heartbeat) -> tuple[J.Result, dict[str, Any]]:
         """The result for trial `number`'s `route`, and the attributes recorded beside it (cache key, hit, ...).
 
-        What a child found is stored (cache and measurement rows) only while the lease `fence` holds.
+        A child starts only while the trial's `lease` holds, and what it found is stored (cache and measurement rows)
+        only under its fence.
         """
         spec = self.spec
         key = cache_key(
@@ -102,9 +104,9 @@ class Evaluator:
             extra.update({A.CACHE_HIT: True, A.CACHED_FROM: f"{cached.study}#{cached.trial_number}"})
             result = J.Result.from_json(json.dumps(cached.result))
         else:
-            result = self._run_child(number, route)
+            result = self._run_child(number, route, lease)
             if result.status in J.DETERMINISTIC and not self.stop.is_set():
-                self._store(key, number, route, result, fence)
+                self._store(key, number, route, result, lease.fence)
         if result.status in outcome.FAILURES:  # what failed: a product the child just learned, else this route
             extra[A.FAILURE_KEY] = (self._learned_failure(route) or (key[:16],))[0]
         return result, extra
@@ -120,7 +122,7 @@ class Evaluator:
             cached.accuracy is not None and cached.accuracy > self.spec.accuracy.tolerance
         )
 
-    def _run_child(self, number: int, route: dict[str, Any]) -> J.Result:
+    def _run_child(self, number: int, route: dict[str, Any], lease: Heartbeat) -> J.Result:
         """Build and measure in a fresh child; an environment error is retried (ENV_ATTEMPTS runs in all)."""
         trial_dir = self.ctx.trials_dir / f"{number:05d}"
         try:
@@ -130,7 +132,7 @@ class Evaluator:
         job = make_job(self.ctx, route, trial_dir / "out", **pairing)
         for attempt in range(ENV_ATTEMPTS):
             with reaping(self.reap, self.spec.run.grace_s):  # a live worker, though its child may wait long
-                result = run_isolated(job, trial_dir, self.child, self.child_env)
+                result = run_isolated(job, trial_dir, self.child, self.child_env, lease)
             if result.status != J.ENVIRONMENT_ERROR:
                 result = self._with_artifact(result, trial_dir / "out")
             if result.status != J.ENVIRONMENT_ERROR or self.stop.is_set() or attempt == ENV_ATTEMPTS - 1:

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner import job as J
 from tuner.measure.exclusive import HOST, STARTUP_HOLD_ENV, DeviceLock, LockWaitExpired, waited
@@ -26,6 +27,12 @@ from tuner.store.urls import env_without_credentials
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
 from tuner.worker.forkserver import Child, start_child
 from tuner.worker.lifeline import PARENT_ENV, STARTER_ENV
+
+if TYPE_CHECKING:
+    from tuner.worker.heartbeat import Heartbeat
+
+
+REAPED = "its trial was reaped while this worker was stopped (its route re-queued); child not run or killed"
 
 
 class ChildHandle:
@@ -43,6 +50,10 @@ class ChildHandle:
     def kill(self) -> None:
         """Kill the child's whole process group, if one is running, and any child started later."""
         self.killed = True
+        self.kill_running()
+
+    def kill_running(self) -> None:
+        """Kill the child's whole process group, if one is running."""
         proc = self.proc
         if proc is not None and proc.returncode is None:
             _killpg(proc.pid)
@@ -63,10 +74,19 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_isolated(
-    job: J.Job, trial_dir: Path, handle: ChildHandle | None = None, env: dict[str, str] | None = None
+    job: J.Job,
+    trial_dir: Path,
+    handle: ChildHandle | None = None,
+    env: dict[str, str] | None = None,
+    lease: Heartbeat | None = None,
 ) -> J.Result:
     """Run `job` in a child (`python -m tuner.worker.child`, or forked from its server) and return its result, whatever
-    happened to it."""
+    happened to it.
+
+    `lease`: the trial's, beating. A child is started only while it holds (checked once the start-up hold is had, the
+    last wait before the start) and is killed once it is lost (`handle.kill_running`, the lease's `on_lost`): the
+    trial was reaped and its route re-queued, and it is `interrupted` here.
+    """
     job_path, result_path, log_path = trial_dir / "job.json", trial_dir / "result.json", trial_dir / "child.log"
     handle = handle or ChildHandle()
     try:
@@ -86,6 +106,8 @@ def run_isolated(
             with (
                 DeviceLock(HOST, wait_s=job.lock_wait_s).shared() if job.build_holds_cores else contextlib.nullcontext()
             ) as hold:
+                if lease is not None and not lease.held():
+                    return J.Result(status=J.INTERRUPTED, phase="start-up", message=REAPED)
                 kept = hold.fd if hold is not None and hold.held else None
                 handed = {STARTUP_HOLD_ENV: str(kept)} if kept is not None else {}
                 handle.proc = proc = start_child(
@@ -98,9 +120,11 @@ def run_isolated(
                 )
         except LockWaitExpired as exc:
             return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=str(exc))
-        if handle.killed:  # a stop arrived while the child was being started
+        if handle.killed or (lease is not None and lease.lost.is_set()):  # a stop or a reap while it was started
             _killpg(proc.pid)
         timed_out, rc = wait_child(proc, time.monotonic(), job.timeout_s, waits)
+    if lease is not None and lease.lost.is_set():
+        return J.Result(status=J.INTERRUPTED, phase=_read(result_path).phase, message=REAPED)
     return classify(rc, timed_out, handle.killed, job.timeout_s, _read(result_path), _tail(log_path))
 
 

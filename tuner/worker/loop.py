@@ -222,9 +222,9 @@ class Worker:
                 action.after_tell(result)
 
     def _evaluate_and_tell(self, trial: optuna.Trial, fence: Fence, started: float) -> J.Result:
-        with Heartbeat(self.leases, fence, self.spec.run.heartbeat_s):
+        with Heartbeat(self.leases, fence, self.spec.run.heartbeat_s, self.stop.child.kill_running) as lease:
             route = self._db(lambda: self._on_cores(lambda: self.ctx.space.suggest(trial)))  # sampling reads the study
-            result, extra = self.evaluator.evaluate(trial.number, route, fence)
+            result, extra = self.evaluator.evaluate(trial.number, route, lease)
         if self.stop.event.is_set() and result.status in (J.CRASH_SIGNAL, J.CRASH_EXIT, J.TIMEOUT, J.ENVIRONMENT_ERROR):
             result = J.Result(status=J.INTERRUPTED, message="stopped by a signal; re-queued")
         wall = time.perf_counter() - started
