@@ -242,7 +242,11 @@ def test_the_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec, pg_url, 
             os.kill(child, signal.SIGKILL)
 
 
-def test_a_hung_child_ends_itself_at_its_deadline(write_spec, sqlite_url, tmp_path: Path) -> None:
+def test_a_hung_child_ends_itself_at_its_deadline(
+    write_spec, sqlite_url, tmp_path: Path, own_timing_locks: Path
+) -> None:
+    # Its own timing locks: under the run's shared ones another test's timing can outlast the child's 1 s lock
+    # wait, and the child then ends with an environment error before its build (and its hang) begins.
     markers = tmp_path / "markers"
     spec = write_spec(
         **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {"0": "hang"}}}
