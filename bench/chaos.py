@@ -208,6 +208,14 @@ def _procs() -> list[tuple[int, int, str]]:
     return out
 
 
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def signal_each(pids: list[int], signum: int) -> list[int]:
     """Send `signum` to each of `pids`; those still there (a backend may end between listing and signal, and an ended
     backend the frozen postmaster had not reaped is reaped as soon as the postmaster continues)."""
@@ -412,7 +420,21 @@ class Seed:
         return [pid for pid, _, cmd in _procs() if "tuner.worker.main" in cmd and str(self.spec) in cmd]
 
     def children_now(self) -> list[tuple[int, int]]:
-        return [(pid, ppid) for pid, ppid, cmd in _procs() if "tuner.worker.child" in cmd and str(self.disk) in cmd]
+        """(pid, its worker's pid) of every trial child of this run. A child forked by the study's server is the
+        server's child, so its worker is found as the holder of its trial's lease (0: none holds it now)."""
+        job = re.compile(re.escape(str(self.disk)) + r"/\S*/(\d+)/job\.json")  # the trial's folder is its number
+        found = [
+            (pid, int(m.group(1))) for pid, _, cmd in _procs() if "tuner.worker.child" in cmd and (m := job.search(cmd))
+        ]
+        if not found:
+            return []
+        leased = dict(
+            _query(
+                self.direct,
+                "SELECT t.number, l.pid FROM tuner_leases l JOIN trials t USING (trial_id) WHERE l.state = 'running'",
+            )
+        )
+        return [(pid, int(leased.get(number, 0))) for pid, number in found]
 
     def run(self) -> dict[str, Any]:
         """Run the study under the fault schedule, resume it, and measure."""
@@ -485,17 +507,17 @@ class Seed:
         return []
 
     def kill_worker(self) -> dict[str, Any]:
-        parents = sorted({ppid for _, ppid in self._wait_for("child", 30)} & set(self.workers_now()))
-        workers = parents or self._wait_for("worker")  # one in the middle of a trial, where there is one
+        busy = sorted({worker for _, worker in self._wait_for("child", 30)} & set(self.workers_now()))
+        workers = busy or self._wait_for("worker")  # one in the middle of a trial, where there is one
         if not workers:
             return {"skipped": "no worker"}
         victim = self.rng.choice(sorted(workers))
-        kids = [pid for pid, ppid in self.children_now() if ppid == victim]
+        kids = [pid for pid, worker in self.children_now() if worker == victim]
         os.kill(victim, signal.SIGKILL)
         t = time.monotonic()
-        while any(pid in {p for p, _, _ in _procs()} for pid in kids) and time.monotonic() - t < 10:
-            time.sleep(0.05)
-        alive = [pid for pid in kids if pid in {p for p, _, _ in _procs()}]
+        while any(_running(pid) for pid in kids) and time.monotonic() - t < 10:
+            time.sleep(0.005)  # `gone_at_unix` below ends their builds: within 5 ms of the last one's end
+        alive = [pid for pid in kids if _running(pid)]
         return {
             "pid": victim,
             "children": len(kids),
@@ -509,9 +531,9 @@ class Seed:
         children = self._wait_for("child")
         if not children:
             return {"skipped": "no child"}
-        pid, ppid = self.rng.choice(sorted(children))
+        pid, worker = self.rng.choice(sorted(children))
         os.kill(pid, signal.SIGKILL)
-        return {"pid": pid, "worker": ppid, "gone_at_unix": time.time()}
+        return {"pid": pid, "worker": worker, "gone_at_unix": time.time()}
 
     def killed_children(self) -> dict[int, float]:
         """The children this run killed, directly or with their worker: pid -> Unix time by which they were gone."""

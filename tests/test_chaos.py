@@ -6,6 +6,7 @@ dir, SIGKILLed workers and children, a SIGSTOPped worker. Needs root (tmpfs, run
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -52,4 +53,5 @@ def test_a_short_chaos_run_loses_nothing(own_timing_locks: Path) -> None:
         "children_alive_5s_after_worker_kill",
         "cached_environment_errors",
     ):
-        assert row[key] == 0, (key, {k: row[k] for k in ("lost", "duplicates", "overlapping_builds", "faults")})
+        detail = {k: row[k] for k in ("lost", "duplicates", "overlapping_builds", "faults")}
+        assert row[key] == 0, f"{key}: {json.dumps(detail, default=str)}"  # a string: pytest shows it whole
