@@ -59,22 +59,30 @@ def _counted(ts: list) -> list:  # noqa: ANN001
     return [t for t in ts if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
 
 
-def test_a_stopped_baseline_worker_is_reaped_and_the_study_ends_at_its_budget(
-    write_spec: SpecWriter, pg_url: str, tmp_path: Path, own_timing_locks: Path
-) -> None:
+def _run_with_blocked_baseline(
+    write_spec: SpecWriter, pg_url: str, tmp_path: Path, budget: int
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """`tuner run` with 2 workers and a lease clock of seconds, whose baseline build blocks until `release` appears in
+    the markers folder: (its process, that folder)."""
     markers = tmp_path / "markers"
     spec = write_spec(
         **{
             "backend.name": FAULT,
             "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
-            "run.budget": 4,
+            "run.budget": budget,
             "run.workers": 2,
             "run.heartbeat_s": 0.5,
             "run.grace_s": 4.0,
             "run.sampler": "random",  # cheap to ask: the study's time goes to the lifecycle under test
         }
     )
-    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
+    return start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log"), markers
+
+
+def test_a_stopped_baseline_worker_is_reaped_and_the_study_ends_at_its_budget(
+    write_spec: SpecWriter, pg_url: str, tmp_path: Path, own_timing_locks: Path
+) -> None:
+    proc, markers = _run_with_blocked_baseline(write_spec, pg_url, tmp_path, budget=4)
     try:
         wait_for_file(markers / "blocked-0", proc)
         stopped = int((markers / "blocked-0").read_text())  # the worker of trial 0, the baseline, mid-build
@@ -121,19 +129,7 @@ def test_a_worker_whose_trial_was_reaped_before_its_child_started_starts_none(
     # Worker B reserves trial 1, samples its route and waits for the baseline, which worker A builds (blocked).
     # B is stopped there; A reaps trial 1 and re-queues its route. Once B goes on, starting a child for the reaped
     # trial would build the route a second time, beside its re-queued run.
-    markers = tmp_path / "markers"
-    spec = write_spec(
-        **{
-            "backend.name": FAULT,
-            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
-            "run.budget": 3,
-            "run.workers": 2,
-            "run.heartbeat_s": 0.5,
-            "run.grace_s": 4.0,
-            "run.sampler": "random",
-        }
-    )
-    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
+    proc, markers = _run_with_blocked_baseline(write_spec, pg_url, tmp_path, budget=3)
     stopped = None
     try:
         wait_for_file(markers / "blocked-0", proc)
