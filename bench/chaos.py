@@ -193,6 +193,11 @@ def _query(url: str, sql: str, args: tuple = ()) -> list[tuple]:
     raise RuntimeError("the private cluster did not answer")
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: [state, ppid, ...] (OSError if it is gone)."""
+    return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _procs() -> list[tuple[int, int, str]]:
     """(pid, ppid, command line) of every process."""
     out = []
@@ -200,7 +205,7 @@ def _procs() -> list[tuple[int, int, str]]:
         if entry.name.isdigit():
             try:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                stat = _stat(entry.name)
             except OSError:
                 continue
             if stat[0] != "Z":
@@ -211,8 +216,8 @@ def _procs() -> list[tuple[int, int, str]]:
 def _running(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie."""
     try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return _stat(pid)[0] != "Z"
+    except OSError:
         return False
 
 

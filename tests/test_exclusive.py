@@ -25,6 +25,10 @@ from tuner.worker.jobs import make_job
 
 REPO = Path(__file__).resolve().parents[1]
 
+needs_proc_locks = pytest.mark.skipif(
+    not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes"
+)
+
 
 class LockProc:
     """A real process holding a device lock on command (tests/lockproc.py)."""
@@ -62,7 +66,7 @@ def wait_blocked(pid: int, limit_s: float = 30) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+@needs_proc_locks
 def test_builds_share_a_timing_excludes_them_and_a_waiting_timing_is_not_starved(tmp_path: Path) -> None:
     b1, b2, timing, b3 = (LockProc(tmp_path) for _ in range(4))
     try:
@@ -88,7 +92,7 @@ def test_builds_share_a_timing_excludes_them_and_a_waiting_timing_is_not_starved
             p.close()
 
 
-@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+@needs_proc_locks
 def test_one_timing_per_device_and_devices_are_independent(tmp_path: Path) -> None:
     t1, t2, gpu1 = LockProc(tmp_path), LockProc(tmp_path), LockProc(tmp_path, "gpu-1")
     try:
@@ -106,7 +110,7 @@ def test_one_timing_per_device_and_devices_are_independent(tmp_path: Path) -> No
             p.close()
 
 
-@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+@needs_proc_locks
 def test_a_wait_ends_when_its_stop_is_set_unheld_or_raising(tmp_path: Path) -> None:
     timing = LockProc(tmp_path)
     try:
@@ -161,7 +165,7 @@ def _waiting_pids(lock_dir: Path) -> set[int]:
     return {int(fields[5]) for fields in waiting if fields[6] in files}
 
 
-@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+@needs_proc_locks
 @pytest.mark.parametrize("idle_build", [False, True])
 def test_a_trial_starts_and_builds_after_a_cpu_timing_unless_its_backend_leaves_the_cores_free(
     idle_build: bool, write_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -208,7 +212,7 @@ def _run_on(locks: Path, spec: Path, url: str, log: Path) -> subprocess.Popen[by
     return start_tuner("run", str(spec), "--no-confirm", "--storage", url, log=log, env={"TUNER_LOCK_DIR": str(locks)})
 
 
-@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+@needs_proc_locks
 def test_a_worker_samples_only_between_cpu_timings(write_spec, sqlite_url, tmp_path: Path) -> None:
     """Optuna's sampling (and recording) use the cores too: a worker asks for a trial only once no timing runs."""
     locks, log = tmp_path / "locks", tmp_path / "builds"
@@ -241,7 +245,7 @@ def test_a_worker_samples_only_between_cpu_timings(write_spec, sqlite_url, tmp_p
     assert [t.state for t in trials(sqlite_url, "tiny")] == [TrialState.COMPLETE]
 
 
-@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to observe waiting processes")
+@needs_proc_locks
 def test_a_stopped_worker_records_its_trial_in_flight_without_queueing_behind_another_process(
     write_spec, sqlite_url, tmp_path: Path
 ) -> None:
