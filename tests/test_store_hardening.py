@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 from tests.conftest import REPO, tuner
 from tests.helpers import all_rows_text, start_tuner, trials, wait_for_file
 from tuner.spec import load_spec
-from tuner.store.db import SCHEMA_LOCK, _alembic_config, get_engine, head_revision, lock_key
+from tuner.store.db import SCHEMA_LOCK, PgTimeouts, _alembic_config, get_engine, head_revision, lock_key
 from tuner.store.leases import HOST, Owner
 from tuner.store.urls import normalize_url
 from tuner.study.optuna_adapter import open_storage
@@ -99,6 +99,56 @@ def test_a_trial_whose_reaper_died_midway_is_reaped_again(worker: Worker) -> Non
     assert worker.study._storage.get_trial(tid).state == TrialState.RUNNING
     assert worker.reaper.reap() == [worker.study._storage.get_trial(tid).number]
     assert worker.study._storage.get_trial(tid).state == TrialState.FAIL
+
+
+FROZEN_BEAT = """
+import os, signal, sys
+from sqlalchemy import event
+from tuner.store.leases import Fence, Leases
+url, study, trial_id, epoch, marker = sys.argv[1:]
+leases, fence = Leases(url, study), Fence(int(trial_id), int(epoch))
+
+def freeze(conn, cursor, statement, *args):
+    if statement.lstrip().upper().startswith("UPDATE TUNER_LEASES"):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen between its beat's UPDATE and that UPDATE's commit
+
+event.listen(leases.engine, "after_cursor_execute", freeze)
+try:
+    first = leases.beat(fence)
+except Exception as exc:
+    first = type(exc).__name__
+event.remove(leases.engine, "after_cursor_execute", freeze)
+print(first, leases.beat(fence))
+"""
+
+
+def test_a_worker_frozen_inside_a_heartbeat_is_reaped_once_the_server_ends_its_transaction(
+    worker: Worker, pg_url: str, tmp_path: Path
+) -> None:
+    # Its beat's UPDATE locks its lease's row until the commit, which a stopped worker never sends: the reaper's
+    # claim waits for that lock until the server ends the frozen session (idle_tx_s), then reaps.
+    tid = _running_trial(worker)
+    fence = worker.leases.take(tid, Owner("w9-frozen", host="elsewhere", pid=1))
+    _set_heartbeat(worker, tid, 3600)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_PG_TIMEOUTS": "idle_tx_s=1"}
+    args = [normalize_url(pg_url), worker.spec.study, str(tid), str(fence.epoch), str(tmp_path / "frozen")]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(FROZEN_BEAT), *args], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_file(tmp_path / "frozen", holder)
+        assert worker.reaper.reap() == [worker.study._storage.get_trial(tid).number]
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    out, _ = holder.communicate(timeout=60)
+    assert out.split() == ["OperationalError", "False"]  # its session was ended while frozen; its lease is lost
+    assert worker.study._storage.get_trial(tid).user_attrs["failure_class"] == "lost"
+
+
+def test_the_server_ends_a_frozen_transaction_before_a_waiter_gives_up_its_lock_wait() -> None:
+    timeouts = PgTimeouts()
+    assert timeouts.idle_tx_s < timeouts.lock_s < timeouts.statement_s
 
 
 def test_a_dead_pid_is_trusted_only_from_the_same_boot_and_pid_namespace(worker: Worker) -> None:
@@ -180,7 +230,7 @@ def test_every_postgresql_connection_has_bounded_waits_and_keepalives(pg_url) ->
         assert settings == {
             "statement_timeout": "5min",
             "lock_timeout": "1min",
-            "idle_in_transaction_session_timeout": "5min",
+            "idle_in_transaction_session_timeout": "30s",
             "tcp_keepalives_idle": "30",
         }
         assert dsn["keepalives"] == "1" and dsn["keepalives_idle"] == "30"
@@ -213,9 +263,9 @@ with study_lock(sys.argv[1], "s"):
 @pytest.mark.parametrize("frozen", ["idle", "mid-check"])
 def test_a_frozen_study_lock_holder_does_not_stall_the_other_workers(pg_url, tmp_path: Path, frozen: str) -> None:
     # The lock's session is ended after lock_hold_s wherever its holder froze, also between a statement on it and
-    # that statement's commit (idle_tx_s, left at its 5 minutes, would keep the waiter past its deadline).
+    # that statement's commit (idle_tx_s, set long here, would keep the waiter past its deadline).
     url = normalize_url(pg_url)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_PG_TIMEOUTS": "lock_hold_s=1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_PG_TIMEOUTS": "lock_hold_s=1,idle_tx_s=600"}
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(HOLDER), url, str(tmp_path / "held"), frozen],
         env=env,

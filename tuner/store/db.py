@@ -173,15 +173,18 @@ class PgTimeouts:
     """Bounds on how long a PostgreSQL connection may wait, so one stuck or partitioned host stalls no other.
 
     `statement_s`/`lock_s`: the longest statement and lock wait; `idle_tx_s`: a session idle inside a
-    transaction is ended by the server; `keepalive_*`: TCP keepalives on both ends (the server drops a
-    partitioned client's session, releasing its advisory locks, in about idle + interval * count seconds);
+    transaction is ended by the server (every transaction of ours and Optuna's is a few statements with no other
+    work between them, so such a session is a frozen or partitioned process; shorter than `lock_s`, so a
+    waiter for the row locks it held gets them before its own wait gives up); `keepalive_*`: TCP keepalives on
+    both ends (the server drops a partitioned client's session, releasing its advisory locks, in about idle +
+    interval * count seconds);
     `lock_hold_s`: a session holding a study or schema lock while idle that long is ended by the server
     (a frozen holder). Override with `$TUNER_PG_TIMEOUTS`, e.g. `lock_hold_s=300,statement_s=600`.
     """
 
     statement_s: float = 300.0
     lock_s: float = 60.0
-    idle_tx_s: float = 300.0
+    idle_tx_s: float = 30.0
     keepalive_idle_s: int = 30
     keepalive_interval_s: int = 10
     keepalive_count: int = 3
