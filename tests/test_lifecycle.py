@@ -102,7 +102,9 @@ def test_a_stopped_baseline_worker_is_reaped_and_the_study_ends_at_its_budget(
     assert len(rerun) == 1 and rerun[0].state == TrialState.COMPLETE and rerun[0].user_attrs["source"] == "baseline"
     # Fenced: once resumed, the reaped worker's late result is discarded with one line, and nothing of it is stored.
     log = (tmp_path / "run.log").read_text()
-    assert log.count("trial 0 was reaped while this worker was stopped; its late result is discarded") == 1, log[-3000:]
+    assert log.count("trial 0 was reaped while this worker was stopped; nothing more of it is recorded") == 1, log[
+        -3000:
+    ]
     assert "Traceback" not in log and "UpdateFinishedTrialError" not in log
     url = normalize_url(pg_url)
     measured = [m.trial_number for m in ResultStore(url).measurements("tiny", kind="trial")]
@@ -375,7 +377,7 @@ def test_a_reap_between_the_owners_check_and_its_write_fences_the_owner_out(faul
     with caplog.at_level("WARNING", logger="tuner.worker"):
         worker._settle(trial, lambda: worker._tell(trial, late, {}, fence))  # no UpdateFinishedTrialError, no crash
     assert [r.getMessage() for r in caplog.records] == [
-        f"trial {trial.number} was reaped while this worker was stopped; its late result is discarded"
+        f"trial {trial.number} was reaped while this worker was stopped; nothing more of it is recorded"
     ]
     mine = oa.trial_by_number(worker.study, trial.number)
     assert mine.state == TrialState.RUNNING and "failure_class" not in mine.user_attrs  # the owner wrote nothing
@@ -403,7 +405,7 @@ def test_a_trial_reaped_before_its_worker_samples_its_route_is_left_alone(faulty
     with caplog.at_level("WARNING", logger="tuner.worker"):
         worker.evaluate_and_tell(trial, fence, time.perf_counter())  # no UpdateFinishedTrialError, no crash
     assert [r.getMessage() for r in caplog.records] == [
-        f"trial {trial.number} was reaped while this worker was stopped; its late result is discarded"
+        f"trial {trial.number} was reaped while this worker was stopped; nothing more of it is recorded"
     ]
     mine = oa.trial_by_number(worker.study, trial.number)
     assert mine.state == TrialState.FAIL and not mine.params and mine.user_attrs["failure_class"] == J.LOST

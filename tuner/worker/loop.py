@@ -239,7 +239,9 @@ class Worker:
         try:
             return work()
         except (LeaseLost, optuna.exceptions.UpdateFinishedTrialError):
-            log.warning("trial %d was reaped while this worker was stopped; its late result is discarded", trial.number)
+            log.warning(
+                "trial %d was reaped while this worker was stopped; nothing more of it is recorded", trial.number
+            )
             return None
 
     def _on_cores(self, fn: Callable[[], T]) -> T:
