@@ -9,9 +9,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def conv_model(path: Path, size: int = 16, seed: int = 0, batch: int | str = 1) -> Path:
+def conv_model(path: Path, size: int | str = 16, seed: int = 0, batch: int | str = 1) -> Path:
     """A small CNN: Conv-Relu-Conv-Relu-GlobalAveragePool-Flatten-Gemm, input `x` [batch,3,size,size] -> `y`
-    [batch,10] (a `batch` named by a string is a dynamic dimension)."""
+    [batch,10] (a `batch` or `size` named by a string is a dynamic dimension)."""
     rng = np.random.default_rng(seed)
     inits = [
         numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w1"),

@@ -85,6 +85,26 @@ def test_init_with_a_data_file_takes_its_sample_count(cli, tmp_path: Path) -> No
     assert doc["model"]["path"] == "../cnn.onnx" and doc["accuracy"]["tolerance"] == 0.25
 
 
+def test_init_times_an_image_model_of_any_size_at_224(cli, tmp_path: Path) -> None:
+    model = conv_model(tmp_path / "cnn.onnx", size="side", batch="N")
+    made = cli("init", str(model), "-o", str(tmp_path / "cnn.toml"))
+    assert made.returncode == 0, made.stderr
+    text = (tmp_path / "cnn.toml").read_text()
+    assert tomllib.loads(text)["model"]["inputs"]["x"]["shape"] == [1, 3, 224, 224]
+    assert "dynamic dimension(s) 0 set to 1; 2, 3 set to 224 (an image's height and width) (review this)" in text
+
+
+def test_init_with_a_data_file_takes_the_dynamic_dimensions_of_its_arrays(cli, tmp_path: Path) -> None:
+    model = conv_model(tmp_path / "cnn.onnx", size="side", batch="N")
+    np.savez(tmp_path / "val.npz", x=np.zeros((5, 3, 40, 40), np.float32))
+    made = cli("init", str(model), "--data", str(tmp_path / "val.npz"), "-o", str(tmp_path / "cnn.toml"))
+    assert made.returncode == 0, made.stderr  # the file it wrote loads: its shape fits the data
+    text = (tmp_path / "cnn.toml").read_text()
+    doc = tomllib.loads(text)
+    assert doc["model"]["inputs"]["x"]["shape"] == [1, 3, 40, 40] and doc["data"]["samples"] == 5
+    assert "dynamic dimension(s) 0 set to 1; 2, 3 from val.npz" in text
+
+
 def test_init_refuses_to_overwrite_a_file(cli, tmp_path: Path) -> None:
     out = tmp_path / "mine.toml"
     out.write_text("# my study\n")

@@ -30,8 +30,8 @@ def init(
     if target.exists():
         raise TunerError(f"{target} exists; not overwriting it (choose another name with -o)")
     inputs, outputs, note = _read_model(model)
-    samples = _samples(data, [t.name for t in inputs if t.dims]) if data is not None else None
-    text = study_text(model, target, inputs, outputs, backend, data, samples, note)
+    shapes = _data_shapes(data, [t.name for t in inputs if t.dims]) if data is not None else None
+    text = study_text(model, target, inputs, outputs, backend, data, shapes, note)
     try:
         spec_from_doc(tomllib.loads(text), target)  # what is written loads: refused here, not at `tuner run`
     except SpecError as exc:
@@ -64,14 +64,25 @@ def _read_model(model: Path) -> tuple[list, list, str]:
     return inputs, tensors(graph.output, DTYPES), given_precision(model).note
 
 
-def _samples(data: Path, names: list[str]) -> int:
-    """How many samples the data file holds (along axis 0 of its first non-scalar input)."""
+def _data_shapes(data: Path, names: list[str]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the data file's arrays, read from their headers (samples along axis 0); refused unless one is
+    named like an input."""
+    import zipfile
+
     import numpy as np
 
     if not data.is_file():
         raise TunerError(f"--data: file not found: {data}")
+    shapes = {}
     try:
-        with np.load(data) as arrays:
-            return int(arrays[next(n for n in names if n in arrays)].shape[0]) if names else 1
-    except (StopIteration, ValueError, OSError) as exc:
-        raise TunerError(f"--data: {data} holds no array named like the model's inputs ({', '.join(names)})") from exc
+        with zipfile.ZipFile(data) as npz:
+            for entry in npz.namelist():
+                with npz.open(entry) as f:
+                    major, _ = np.lib.format.read_magic(f)
+                    header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                    shapes[entry.removesuffix(".npy")] = tuple(int(d) for d in header(f)[0])
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise TunerError(f"--data: {data} is not a readable .npz file of arrays ({type(exc).__name__})") from exc
+    if names and not any(shapes.get(n) for n in names):
+        raise TunerError(f"--data: {data} holds no array named like the model's inputs ({', '.join(names)})")
+    return shapes

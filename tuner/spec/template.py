@@ -1,7 +1,8 @@
 """A first study file for a model (`tuner init`): what the model says, filled in; what it cannot say, marked.
 
-The file runs as written: the inputs' shapes come from the model (a dynamic dimension set to 1, with a
-comment), the data from a given `.npz` or the seeded generator (integer inputs get a small range),
+The file runs as written: the inputs' shapes come from the model, a dynamic dimension from the given data
+file's array, else set to 1 (the batch, and anything else unknown) or to 224 (an image's height and width),
+with a comment; the data from a given `.npz` or the seeded generator (integer inputs get a small range),
 the metric from the outputs (one 2-D output: class logits, `top1_mismatch`; an embedding: `cosine`;
 anything else: `outside_tol`), with its tolerance marked "review this".
 """
@@ -19,6 +20,7 @@ from tuner.spec.toml import key, value
 REVIEW = "review this"
 BUDGET = 20
 SAMPLES = 8  # generated samples (a data file gives its own count)
+IMAGE_SIDE = 224  # a dynamic image height or width without a data file: a common classifier's input
 EMBEDDING_WORDS = ("embed", "pool", "feature", "hidden", "vector", "sentence")
 INTEGER = ("int64", "int32", "int8", "uint8")
 
@@ -72,11 +74,15 @@ def study_text(
     outputs: list[Tensor],
     backend: str,
     data: Path | None = None,
-    data_samples: int | None = None,
+    data_shapes: dict[str, tuple[int, ...]] | None = None,
     precision_note: str = "",
 ) -> str:
-    """The commented study file for `model`, to be written at `out` (paths relative to its folder)."""
-    samples = data_samples or SAMPLES
+    """The commented study file for `model`, to be written at `out` (paths relative to its folder).
+
+    `data_shapes`: the shapes of the arrays in the data file `data` (samples along axis 0), by name."""
+    data_shapes = data_shapes or {}
+    given = [data_shapes[t.name][0] for t in inputs if t.dims and t.name in data_shapes]
+    samples = given[0] if given else 1 if data is not None else SAMPLES  # a data file of scalars: one sample
     metric = suggest_metric(outputs, samples)
     name = study_name(model)
     lines = [
@@ -93,7 +99,8 @@ def study_text(
         "# outputs: " + ", ".join(f"{t.name} {t.dtype} {_dims(t.dims)}" for t in outputs),
     ]
     for t in inputs:
-        lines += ["", f"[model.inputs.{key(t.name)}]", *_shape_lines(t)]
+        array = data_shapes.get(t.name)
+        lines += ["", f"[model.inputs.{key(t.name)}]", _shape_line(t, array, data.name if array and data else "")]
     lines += ["", "[data]", *_data_lines(inputs, out, data, samples)]
     lines += [
         "",
@@ -118,13 +125,36 @@ def study_text(
     return "\n".join(lines)
 
 
-def _shape_lines(t: Tensor) -> list[str]:
-    shape = [1 if d is None else d for d in t.dims]
-    dynamic = [i for i, d in enumerate(t.dims) if d is None]
+def chosen_shape(t: Tensor, data_shape: tuple[int, ...] | None = None) -> tuple[list[int], dict[str, list[int]]]:
+    """The shape a study of input `t` runs at, and how each dynamic dimension got its value ({how: dimensions}).
+
+    The batch (dimension 0) is 1; another dimension is the data file's array's (`data_shape`, samples along
+    axis 0) where one is given, else an image's height and width (a 4-D input of 1 or 3 channels) are
+    `IMAGE_SIDE`, else 1."""
+    shape: list[int] = []
+    how: dict[str, list[int]] = {}
+    for k, d in enumerate(t.dims):
+        if d is not None:
+            shape.append(d)
+            continue
+        if k > 0 and data_shape is not None and len(data_shape) == len(t.dims):
+            value, why = data_shape[k], "from the data file"
+        elif k >= 2 and len(t.dims) == 4 and t.dims[1] in (1, 3):
+            value, why = IMAGE_SIDE, f"set to {IMAGE_SIDE} (an image's height and width)"
+        else:
+            value, why = 1, "set to 1"
+        shape.append(value)
+        how.setdefault(why, []).append(k)
+    return shape, how
+
+
+def _shape_line(t: Tensor, data_shape: tuple[int, ...] | None, data_name: str) -> str:
+    shape, how = chosen_shape(t, data_shape)
     note = f"   # {t.dtype}; the model's {_dims(t.dims)}" if t.dims else f"   # {t.dtype}, a scalar"
-    if dynamic:
-        note += f": dynamic dimension(s) {', '.join(map(str, dynamic))} set to 1 ({REVIEW})"
-    return [f"shape = {value(shape)}{note}"]
+    if how:
+        ways = "; ".join(f"{', '.join(map(str, dims))} {why}" for why, dims in how.items())
+        note += f": dynamic dimension(s) {ways.replace('the data file', data_name)} ({REVIEW})"
+    return f"shape = {value(shape)}{note}"
 
 
 def _data_lines(inputs: list[Tensor], out: Path, data: Path | None, samples: int) -> list[str]:
