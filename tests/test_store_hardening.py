@@ -101,21 +101,27 @@ def test_a_trial_whose_reaper_died_midway_is_reaped_again(worker: Worker) -> Non
     assert worker.study._storage.get_trial(tid).state == TrialState.FAIL
 
 
-FROZEN_BEAT = """
+FROZEN_LEASE_HOLDER = """
 import os, signal, sys
 from sqlalchemy import event
+from sqlalchemy.orm import Session
 from tuner.store.leases import Fence, Leases
-url, study, trial_id, epoch, marker = sys.argv[1:]
+url, study, trial_id, epoch, marker, where = sys.argv[1:]
 leases, fence = Leases(url, study), Fence(int(trial_id), int(epoch))
 
 def freeze(conn, cursor, statement, *args):
     if statement.lstrip().upper().startswith("UPDATE TUNER_LEASES"):
         open(marker, "w").close()
-        os.kill(os.getpid(), signal.SIGSTOP)  # frozen between its beat's UPDATE and that UPDATE's commit
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen right after its statement on the lease
 
 event.listen(leases.engine, "after_cursor_execute", freeze)
 try:
-    first = leases.beat(fence)
+    if where == "beat":
+        first = leases.beat(fence)
+    else:  # a tell: its transaction holds the lease (locked) while it writes the outcome
+        with Session(leases.engine) as s, s.begin():
+            fence.hold(s.connection())
+        first = "told"
 except Exception as exc:
     first = type(exc).__name__
 event.remove(leases.engine, "after_cursor_execute", freeze)
@@ -123,26 +129,31 @@ print(first, leases.beat(fence))
 """
 
 
-def test_a_worker_frozen_inside_a_heartbeat_is_reaped_once_the_server_ends_its_transaction(
-    worker: Worker, pg_url: str, tmp_path: Path
+@pytest.mark.parametrize(
+    "where, idle_tx_s, after",
+    [
+        ("beat", 600, "True"),  # committed as it ran: no lock held, the reaper goes on at once
+        ("tell", 1, "OperationalError"),  # its open transaction locks the lease until the server ends its session
+    ],
+)
+def test_a_worker_frozen_on_its_lease_is_reaped(
+    worker: Worker, pg_url: str, tmp_path: Path, where: str, idle_tx_s: int, after: str
 ) -> None:
-    # Its beat's UPDATE locks its lease's row until the commit, which a stopped worker never sends: the reaper's
-    # claim waits for that lock until the server ends the frozen session (idle_tx_s), then reaps.
     tid = _running_trial(worker)
     fence = worker.leases.take(tid, Owner("w9-frozen", host="elsewhere", pid=1))
-    _set_heartbeat(worker, tid, 3600)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_PG_TIMEOUTS": "idle_tx_s=1"}
-    args = [normalize_url(pg_url), worker.spec.study, str(tid), str(fence.epoch), str(tmp_path / "frozen")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_PG_TIMEOUTS": f"idle_tx_s={idle_tx_s}"}
+    args = [normalize_url(pg_url), worker.spec.study, str(tid), str(fence.epoch), str(tmp_path / "frozen"), where]
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(FROZEN_BEAT), *args], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", textwrap.dedent(FROZEN_LEASE_HOLDER), *args], env=env, stdout=subprocess.PIPE, text=True
     )
     try:
         wait_for_file(tmp_path / "frozen", holder)
+        _set_heartbeat(worker, tid, 3600)  # stopped for an hour: past the grace period (waits for any lock it holds)
         assert worker.reaper.reap() == [worker.study._storage.get_trial(tid).number]
     finally:
         os.kill(holder.pid, signal.SIGCONT)
     out, _ = holder.communicate(timeout=60)
-    assert out.split() == ["OperationalError", "False"]  # its session was ended while frozen; its lease is lost
+    assert out.split() == [after, "False"]  # resumed, its next beat finds the lease reaped
     assert worker.study._storage.get_trial(tid).user_attrs["failure_class"] == "lost"
 
 

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, inspect, text
+from sqlalchemy import ColumnElement, Connection, Engine, create_engine, inspect, literal_column, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError, SQLAlchemyError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, stop_never, wait_exponential
@@ -335,16 +335,17 @@ def upgrade_schema(url: str) -> tuple[str | None, str]:
     return before, head_revision()
 
 
+def db_clock(dialect: str) -> ColumnElement[float]:
+    """The database's clock in SQL: seconds since the epoch (one clock for every host of a study)."""
+    if dialect == "postgresql":
+        return literal_column("extract(epoch from clock_timestamp())")
+    return literal_column("(julianday('now') - 2440587.5) * 86400.0")
+
+
 def db_epoch(conn: object) -> float:
     """Seconds since the epoch by the database's clock (one clock for every host of a study)."""
     bind = conn.get_bind() if hasattr(conn, "get_bind") else conn
-    dialect = bind.dialect.name  # type: ignore[attr-defined]
-    sql = (
-        "SELECT extract(epoch from clock_timestamp())"
-        if dialect == "postgresql"
-        else "SELECT (julianday('now') - 2440587.5) * 86400.0"
-    )
-    return float(conn.execute(text(sql)).scalar())  # type: ignore[attr-defined]
+    return float(conn.execute(select(db_clock(bind.dialect.name))).scalar())  # type: ignore[attr-defined]
 
 
 def db_now(url: str) -> float:

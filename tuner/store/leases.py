@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select, update
 from sqlalchemy.orm import Session
 
-from tuner.store.db import db_epoch, get_engine, retried
+from tuner.store.db import db_clock, db_epoch, get_engine, retried
 from tuner.store.models import Lease
 
 
@@ -118,13 +118,16 @@ class Leases:
             return Fence(trial_id, s.scalars(select(Lease.epoch).where(Lease.trial_id == trial_id)).one())
 
     def beat(self, fence: Fence) -> bool:
-        """Refresh the heartbeat of a running lease; False if it is no longer this holder's."""
-        with Session(self.engine) as s, s.begin():
-            done = s.execute(
+        """Refresh the heartbeat of a running lease; False if it is no longer this holder's.
+
+        One statement, committed as it runs: a holder frozen at any moment of its beat (SIGSTOP) keeps no lock
+        on its lease, so a reaper never waits for it."""
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            done = conn.execute(
                 update(Lease)
                 .where(Lease.trial_id == fence.trial_id, Lease.epoch == fence.epoch, Lease.state == "running")
-                .values(heartbeat_at=db_epoch(s))
-                .execution_options(synchronize_session=False)
+                .values(heartbeat_at=db_clock(conn.dialect.name))
             )
             return done.rowcount == 1
 
