@@ -106,3 +106,23 @@ def all_rows_text(url: str) -> str:
         ]
     engine.dispose()
     return "\n".join(dump)
+
+
+def stuck_run(url: str, log: Path) -> str:
+    """What a run that missed an expected event was doing, for the failure message: its log's last lines and every
+    other session of its PostgreSQL database (state, what it waits for, who blocks it, its statement)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(normalize_url(url))
+    with engine.connect() as conn:
+        sessions = conn.execute(
+            text(
+                "SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid) AS blocked_by, "
+                "round(extract(epoch from now() - state_change)) AS for_s, left(query, 160) AS query "
+                "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).mappings()
+        rows = "\n".join(json.dumps(dict(r), default=str) for r in sessions)
+    engine.dispose()
+    tail = log.read_text()[-3000:] if log.exists() else "(no log)"
+    return f"log:\n{tail}\nsessions:\n{rows}"

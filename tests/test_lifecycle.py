@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tests.conftest import REPO, SpecWriter
-from tests.helpers import start_tuner, trials, wait_for_file
+from tests.helpers import start_tuner, stuck_run, trials, wait_for_file
 from tuner import job as J
 from tuner.measure.exclusive import HOST, DeviceLock, LockWaitExpired, private_dir, waited
 from tuner.spec import load_spec
@@ -41,17 +42,25 @@ from tuner.worker.jobs import make_job
 FAULT = "tests.backends:FaultBackend"
 
 
-def _until(condition, what: str, limit_s: float = 240.0, proc: subprocess.Popen | None = None):  # noqa: ANN001, ANN201
-    """Poll `condition()` until it returns something true (an event the system under test records); return it."""
+def _until(  # noqa: ANN201
+    condition,  # noqa: ANN001
+    what: str,
+    limit_s: float = 240.0,
+    proc: subprocess.Popen | None = None,
+    state: Callable[[], str] = lambda: "",
+):
+    """Poll `condition()` until it returns something true (an event the system under test records); return it.
+
+    A miss says what `state()` says (`stuck_run`: the run's log and database sessions)."""
     deadline = time.monotonic() + limit_s
     while True:
         value = condition()
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before {what}")
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}\n{state()}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {limit_s} s")
+            raise AssertionError(f"{what}: not within {limit_s} s\n{state()}")
         time.sleep(0.1)
 
 
@@ -89,7 +98,12 @@ def test_a_stopped_baseline_worker_is_reaped_and_the_study_ends_at_its_budget(
         os.kill(stopped, signal.SIGSTOP)
         (markers / "release").touch()  # its child goes on (it is not stopped), finishes and exits; its result waits
         # The other worker reaps the baseline, re-runs it and spends the whole budget while the first is frozen.
-        _until(lambda: len(_counted(trials(pg_url, "tiny"))) >= 4, "the budget spent", proc=proc)
+        _until(
+            lambda: len(_counted(trials(pg_url, "tiny"))) >= 4,
+            "the budget spent",
+            proc=proc,
+            state=lambda: stuck_run(pg_url, tmp_path / "run.log"),
+        )
     finally:
         os.kill(stopped, signal.SIGCONT)
     assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
@@ -141,13 +155,19 @@ def test_a_worker_whose_trial_was_reaped_before_its_child_started_starts_none(
             sampled = {t.number for t in trials(pg_url, "tiny") if t.params}
             return next((pid for n, pid in _leased(pg_url).items() if n != 0 and n in sampled), None)
 
-        stopped = _until(waiting, "the second worker's trial sampled", proc=proc)
+        stopped = _until(
+            waiting,
+            "the second worker's trial sampled",
+            proc=proc,
+            state=lambda: stuck_run(pg_url, tmp_path / "run.log"),
+        )
         assert stopped != builder
         os.kill(stopped, signal.SIGSTOP)
         _until(
             lambda: [t for t in trials(pg_url, "tiny") if t.user_attrs.get("failure_class") == "lost"],
             "the stopped worker's trial reaped",
             proc=proc,
+            state=lambda: stuck_run(pg_url, tmp_path / "run.log"),
         )
         (markers / "release").touch()
     finally:
@@ -587,6 +607,7 @@ def test_a_trial_whose_stopped_worker_holds_up_the_others_timings_is_reaped_whil
             "the stopped worker's trial reaped",
             limit_s=300.0,
             proc=proc,
+            state=lambda: stuck_run(pg_url, tmp_path / "run.log"),
         )
     finally:
         os.kill(stopped, signal.SIGCONT)
