@@ -56,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.conftest import to_toml  # noqa: E402
+from tests.helpers import running  # noqa: E402
 from tests.models import conv_model  # noqa: E402
 from tests.pg_faults import Watch  # noqa: E402
 from tests.proxy import TcpProxy  # noqa: E402
@@ -193,11 +194,6 @@ def _query(url: str, sql: str, args: tuple = ()) -> list[tuple]:
     raise RuntimeError("the private cluster did not answer")
 
 
-def _stat(pid: int | str) -> list[str]:
-    """The fields of /proc/PID/stat after the command name: [state, ppid, ...] (OSError if it is gone)."""
-    return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-
-
 def _procs() -> list[tuple[int, int, str]]:
     """(pid, ppid, command line) of every process."""
     out = []
@@ -205,20 +201,12 @@ def _procs() -> list[tuple[int, int, str]]:
         if entry.name.isdigit():
             try:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                stat = _stat(entry.name)
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             if stat[0] != "Z":
                 out.append((int(entry.name), int(stat[1]), cmd))
     return out
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        return _stat(pid)[0] != "Z"
-    except OSError:
-        return False
 
 
 def signal_each(pids: list[int], signum: int) -> list[int]:
@@ -520,9 +508,9 @@ class Seed:
         kids = [pid for pid, worker in self.children_now() if worker == victim]
         os.kill(victim, signal.SIGKILL)
         t = time.monotonic()
-        while any(_running(pid) for pid in kids) and time.monotonic() - t < 10:
+        while any(running(pid) for pid in kids) and time.monotonic() - t < 10:
             time.sleep(0.005)  # `gone_at_unix` below ends their builds: within 5 ms of the last one's end
-        alive = [pid for pid in kids if _running(pid)]
+        alive = [pid for pid in kids if running(pid)]
         return {
             "pid": victim,
             "children": len(kids),

@@ -51,6 +51,15 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes] | None = None, limit
         time.sleep(0.05)
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (dead, not yet reaped by its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def trials(url: str, study: str) -> list[optuna.trial.FrozenTrial]:
     """All trials of a study, freshly read; the connections it opened are closed (tests poll with it)."""
     storage = optuna.storages.RDBStorage(normalize_url(url))

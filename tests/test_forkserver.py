@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SpecWriter
-from tests.helpers import start_tuner, wait_for_file
+from tests.helpers import running, start_tuner, wait_for_file
 from tuner import job as J
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
 from tuner.spec import load_spec
@@ -149,10 +149,10 @@ def test_the_forked_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec: S
         worker.kill()
         worker.wait()
         deadline = time.monotonic() + 5.0
-        while (_running(child) or _running(server)) and time.monotonic() < deadline:
+        while (running(child) or running(server)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _running(child), "the forked child outlived its SIGKILLed worker by 5 s"
-        assert not _running(server), "the fork server outlived its SIGKILLed worker by 5 s"
+        assert not running(child), "the forked child outlived its SIGKILLed worker by 5 s"
+        assert not running(server), "the fork server outlived its SIGKILLed worker by 5 s"
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -176,14 +176,6 @@ def test_crashes_and_hangs_of_a_forked_child_are_classified_as_before(
     res = run_isolated(job, tmp_path / "t")
     assert res.status == status, res.message
     assert ("SIGSEGV" in res.message) if fault == "segfault" else ("no result after 3 s (during build)" in res.message)
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie, dead but not yet reaped by its new parent, is not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 @pytest.mark.parametrize("forked", [True, False], ids=["study-server", "fresh-interpreters"])
@@ -212,14 +204,14 @@ def test_a_runs_workers_come_from_its_server_and_a_sigkilled_ones_child_is_gone_
             assert server == proc.pid and _parent_of(child) == worker
         os.kill(worker, signal.SIGKILL)
         deadline = time.monotonic() + 5.0
-        while _running(child) and time.monotonic() < deadline:
+        while running(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _running(child), "the trial's child outlived its SIGKILLed worker by 5 s"
+        assert not running(child), "the trial's child outlived its SIGKILLed worker by 5 s"
         assert proc.wait(timeout=120) == 3, (tmp_path / "run.log").read_text()[-3000:]
-        assert not _running(server) or server == proc.pid, "the run's server outlived it"
+        assert not running(server) or server == proc.pid, "the run's server outlived it"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if child and _running(child):
+        if child and running(child):
             os.kill(child, signal.SIGKILL)

@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import REPO, run_study
-from tests.helpers import start_tuner, status, trials, wait_for_file
+from tests.helpers import running, start_tuner, status, trials, wait_for_file
 from tuner import job as J
 from tuner.spec import load_spec
 from tuner.study.setup import Context
@@ -47,19 +47,10 @@ def processes() -> Iterator[tuple[int, bytes, bytes]]:
             continue  # it ended meanwhile
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` is a running (not zombie) process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def worker_processes(mark: Path) -> list[int]:
     """The live worker processes whose command line names `mark` (a test's own tmp_path, where its study file is)."""
     return [
-        pid for pid, cmd, _ in processes() if str(mark).encode() in cmd and b"tuner.worker.main" in cmd and alive(pid)
+        pid for pid, cmd, _ in processes() if str(mark).encode() in cmd and b"tuner.worker.main" in cmd and running(pid)
     ]
 
 
@@ -232,13 +223,13 @@ def test_the_child_of_a_sigkilled_worker_is_gone_within_5_s(write_spec, pg_url, 
         child, worker = map(int, (markers / "orphan-0").read_text().split())
         os.kill(worker, signal.SIGKILL)
         deadline = time.monotonic() + 5.0  # "gone at once" (docs/durability.md), with room to spare
-        while alive(child) and time.monotonic() < deadline:
+        while running(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not alive(child), "the child outlived its SIGKILLed worker by 5 s"
+        assert not running(child), "the child outlived its SIGKILLed worker by 5 s"
         proc.wait(timeout=120)
     finally:
         kill_tree(proc)
-        if child and alive(child):
+        if child and running(child):
             os.kill(child, signal.SIGKILL)
 
 

@@ -100,7 +100,7 @@ def study_text(
     ]
     for t in inputs:
         array = data_shapes.get(t.name)
-        lines += ["", f"[model.inputs.{key(t.name)}]", _shape_line(t, array, data.name if array and data else "")]
+        lines += ["", f"[model.inputs.{key(t.name)}]", _shape_line(t, array, data.name if data else "")]
     lines += ["", "[data]", *_data_lines(inputs, out, data, samples)]
     lines += [
         "",
@@ -125,12 +125,14 @@ def study_text(
     return "\n".join(lines)
 
 
-def chosen_shape(t: Tensor, data_shape: tuple[int, ...] | None = None) -> tuple[list[int], dict[str, list[int]]]:
+def chosen_shape(
+    t: Tensor, data_shape: tuple[int, ...] | None = None, data_name: str = "the data file"
+) -> tuple[list[int], dict[str, list[int]]]:
     """The shape a study of input `t` runs at, and how each dynamic dimension got its value ({how: dimensions}).
 
-    The batch (dimension 0) is 1; another dimension is the data file's array's (`data_shape`, samples along
-    axis 0) where one is given, else an image's height and width (a 4-D input of 1 or 3 channels) are
-    `IMAGE_SIDE`, else 1."""
+    The batch (dimension 0) is 1; another dimension is the array's in data file `data_name` (`data_shape`,
+    samples along axis 0) where one is given, else an image's height and width (a 4-D input of 1 or 3 channels)
+    are `IMAGE_SIDE`, else 1."""
     shape: list[int] = []
     how: dict[str, list[int]] = {}
     for k, d in enumerate(t.dims):
@@ -138,7 +140,7 @@ def chosen_shape(t: Tensor, data_shape: tuple[int, ...] | None = None) -> tuple[
             shape.append(d)
             continue
         if k > 0 and data_shape is not None and len(data_shape) == len(t.dims):
-            value, why = data_shape[k], "from the data file"
+            value, why = data_shape[k], f"from {data_name}"
         elif k >= 2 and len(t.dims) == 4 and t.dims[1] in (1, 3):
             value, why = IMAGE_SIDE, f"set to {IMAGE_SIDE} (an image's height and width)"
         else:
@@ -149,11 +151,11 @@ def chosen_shape(t: Tensor, data_shape: tuple[int, ...] | None = None) -> tuple[
 
 
 def _shape_line(t: Tensor, data_shape: tuple[int, ...] | None, data_name: str) -> str:
-    shape, how = chosen_shape(t, data_shape)
+    shape, how = chosen_shape(t, data_shape, data_name)
     note = f"   # {t.dtype}; the model's {_dims(t.dims)}" if t.dims else f"   # {t.dtype}, a scalar"
     if how:
         ways = "; ".join(f"{', '.join(map(str, dims))} {why}" for why, dims in how.items())
-        note += f": dynamic dimension(s) {ways.replace('the data file', data_name)} ({REVIEW})"
+        note += f": dynamic dimension(s) {ways} ({REVIEW})"
     return f"shape = {value(shape)}{note}"
 
 
