@@ -18,11 +18,22 @@ import psycopg2
 import pytest
 from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from tests.conftest import REPO, tuner
 from tests.helpers import all_rows_text, start_tuner, trials, wait_for_file
 from tuner.spec import load_spec
-from tuner.store.db import SCHEMA_LOCK, PgTimeouts, _alembic_config, get_engine, head_revision, lock_key
+from tuner.store.db import (
+    MIGRATION_UNBOUNDED,
+    SCHEMA_LOCK,
+    PgTimeouts,
+    _alembic_config,
+    get_engine,
+    head_revision,
+    lock_key,
+    schema_lock,
+    study_lock,
+)
 from tuner.store.leases import HOST, Owner
 from tuner.store.urls import normalize_url
 from tuner.study.optuna_adapter import open_storage
@@ -245,6 +256,30 @@ def test_every_postgresql_connection_has_bounded_waits_and_keepalives(pg_url) ->
             "tcp_keepalives_idle": "30",
         }
         assert dsn["keepalives"] == "1" and dsn["keepalives_idle"] == "30"
+
+
+def test_a_migration_s_connections_have_no_statement_or_transaction_limit_and_keep_the_others(pg_url) -> None:
+    with open_storage(normalize_url(pg_url), migration=True).engine.connect() as conn:
+        settings = {n: conn.execute(text(f"SHOW {n}")).scalar() for n in (*MIGRATION_UNBOUNDED, "lock_timeout")}
+    assert settings == {"statement_timeout": "0", "idle_in_transaction_session_timeout": "0", "lock_timeout": "1min"}
+
+
+def test_the_schema_lock_of_a_running_process_outlasts_lock_hold_s_where_an_idle_study_lock_does_not(
+    pg_url, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A migration runs on a connection of its own while the schema lock's session sits idle; the server must not end
+    # that session (and release the lock to a second migration) while the migrating process is alive.
+    url = normalize_url(pg_url)
+    monkeypatch.setenv("TUNER_PG_TIMEOUTS", "lock_hold_s=2")
+    other = create_engine(url)
+    with schema_lock(url), study_lock(url, "s") as study_held:
+        time.sleep(6)  # three times lock_hold_s: the server's limit elapses (no process is waited for)
+        with other.connect() as conn:
+            schema_free = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": lock_key(SCHEMA_LOCK)}).scalar()
+        with pytest.raises(OperationalError):
+            study_held.check()  # the idle study lock's session was ended: the limit did elapse
+    other.dispose()
+    assert schema_free is False
 
 
 HOLDER = """

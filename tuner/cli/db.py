@@ -34,7 +34,7 @@ def upgrade(
     from tuner.study.optuna_adapter import open_storage
 
     with schema_lock(url):  # two first-time upgrades at once would both create the tables
-        open_storage(url).upgrade()
+        open_storage(url, migration=True).upgrade()
         before, after = upgrade_schema(url)
     if as_json:
         emit_json({"storage": mask_url(url), "optuna": optuna.__version__, "tuner_schema": [before, after]})

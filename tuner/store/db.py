@@ -29,6 +29,9 @@ from tuner.store.urls import mask_url, scrub
 VERSION_TABLE = "tuner_alembic_version"
 SCHEMA_LOCK = "route-tuner/schema"  # not a study lock name: study names cannot contain '/'
 TIMEOUTS_ENV = "TUNER_PG_TIMEOUTS"
+# Lifted for a schema migration (it may rewrite large tables, with Python work between statements; it holds the schema
+# lock, kept alive, and runs on its own connection): the server ends no such statement or transaction
+MIGRATION_UNBOUNDED = ("statement_timeout", "idle_in_transaction_session_timeout")
 log = logging.getLogger("tuner.store")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -213,9 +216,10 @@ class PgTimeouts:
                 ) from None
         return cls(**values)
 
-    def connect_args(self) -> dict[str, Any]:
-        """libpq connection parameters: client keepalives and the server-side session limits."""
-        server = {
+    def connect_args(self, migration: bool = False) -> dict[str, Any]:
+        """libpq connection parameters: client keepalives and the server-side session limits (for a `migration`,
+        those of MIGRATION_UNBOUNDED lifted)."""
+        server: dict[str, int] = {
             "statement_timeout": _ms(self.statement_s),
             "lock_timeout": _ms(self.lock_s),
             "idle_in_transaction_session_timeout": _ms(self.idle_tx_s),
@@ -223,6 +227,8 @@ class PgTimeouts:
             "tcp_keepalives_interval": self.keepalive_interval_s,
             "tcp_keepalives_count": self.keepalive_count,
         }
+        if migration:
+            server.update(dict.fromkeys(MIGRATION_UNBOUNDED, 0))
         return {
             "connect_timeout": 10,
             # Unacknowledged data for longer than the keepalives take to give up: the connection is dead.
@@ -239,8 +245,9 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def engine_kwargs(url: str) -> dict:
-    """Engine options for our tables and Optuna's: pre-ping, recycling, bounded waits; SQLite waits for locks."""
+def engine_kwargs(url: str, migration: bool = False) -> dict:
+    """Engine options for our tables and Optuna's: pre-ping, recycling, bounded waits (for a `migration`, see
+    MIGRATION_UNBOUNDED); SQLite waits for locks."""
     if make_url(url).get_backend_name() == "sqlite":
         return {"connect_args": {"timeout": 120}}
     _wait_in_python()  # signals are handled while libpq waits, and a stop ends the wait
@@ -249,7 +256,7 @@ def engine_kwargs(url: str) -> dict:
         "pool_recycle": 300,
         "pool_size": 2,
         "max_overflow": 4,
-        "connect_args": PgTimeouts.from_env().connect_args(),
+        "connect_args": PgTimeouts.from_env().connect_args(migration),
     }
 
 
@@ -328,9 +335,8 @@ def upgrade_schema(url: str) -> tuple[str | None, str]:
     if before != head_revision():
         with get_engine(url).begin() as conn:
             if conn.dialect.name == "postgresql":
-                conn.execute(
-                    text("SET LOCAL statement_timeout = 0")
-                )  # a migration may take long; it holds the schema lock
+                for limit in MIGRATION_UNBOUNDED:  # a migration may take long; it holds the schema lock
+                    conn.execute(text(f"SET LOCAL {limit} = 0"))
             command.upgrade(_alembic_config(conn), "head")  # type: ignore[arg-type]
     return before, head_revision()
 
@@ -516,6 +522,14 @@ def confirmation_lock(url: str, study: str, wait: bool = True) -> contextlib.Abs
     )
 
 
-def schema_lock(url: str) -> contextlib.AbstractContextManager[HeldLock]:
-    """The lock around creating and migrating Optuna's tables and ours (one set-up at a time)."""
-    return named_lock(url, SCHEMA_LOCK, _sqlite_lock_file(url, "schema-migration"))
+@contextlib.contextmanager
+def schema_lock(url: str) -> Iterator[HeldLock]:
+    """The lock around creating and migrating Optuna's tables and ours (one set-up at a time).
+
+    Kept alive while this process runs (a migration of a large database outlasts `lock_hold_s` on a connection of
+    its own, leaving the lock's session idle); a frozen holder's session still ends as for any lock."""
+    with _named_lock(
+        url, SCHEMA_LOCK, _sqlite_lock_file(url, "schema-migration"), blocking=True, keep_alive=True
+    ) as held:
+        assert held is not None
+        yield held

@@ -46,13 +46,16 @@ WRITTEN_FOR = "5.0"  # Optuna major.minor these functions were checked against
 SCHEMA = "v3.2.0.a"  # Optuna's RDB schema (alembic) version the SQL below reads
 
 
-def open_storage(url: str, kind: type[RDBStorage] = RDBStorage, create_tables: bool = True) -> RDBStorage:
+def open_storage(
+    url: str, kind: type[RDBStorage] = RDBStorage, create_tables: bool = True, migration: bool = False
+) -> RDBStorage:
     """Optuna's RDB storage (or a subclass `kind`) on `url` with our engine options; a one-line TunerError if unusable.
 
-    With `create_tables=False` nothing is created in the database (read-only commands).
+    With `create_tables=False` nothing is created in the database (read-only commands); `migration`: for
+    `upgrade()`, its statements and transactions without a time limit (`tuner.store.db.MIGRATION_UNBOUNDED`).
     """
     try:
-        return kind(url, engine_kwargs=engine_kwargs(url), skip_table_creation=not create_tables)
+        return kind(url, engine_kwargs=engine_kwargs(url, migration), skip_table_creation=not create_tables)
     except Exception as exc:  # Optuna wraps schema and connection problems in several types
         raise TunerError(f"storage {mask_url(url)}: {first_line(scrub(str(exc), url))}") from exc
 
