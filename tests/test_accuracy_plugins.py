@@ -41,7 +41,7 @@ def test_a_study_whose_metric_is_a_python_function_runs_end_to_end(write_spec: S
 
 def test_a_metric_that_raises_fails_the_route_naming_the_metric(write_spec: SpecWriter, sqlite_url: str) -> None:
     spec = write_spec(**{"accuracy.metric": "tests.accuracy_metrics:broken", "run.budget": 1})
-    tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")
+    run_study(spec, sqlite_url)
     outcomes = _outcomes(sqlite_url, "tiny")
     assert outcomes, "no trial ran"
     status, message = outcomes[0]

@@ -53,7 +53,7 @@ def test_trials_that_finish_between_two_looks_each_show_their_own_count() -> Non
 
 def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them(cli, write_spec, sqlite_url) -> None:
     spec = write_spec(**{"run.budget": 3, "backend.space": TWO_ROUTES})
-    run = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm")  # stderr is a pipe, not a terminal
+    run = cli("run", str(spec), "--storage", sqlite_url, "--no-confirm")  # stderr is captured, not a terminal
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stderr.splitlines() if line.startswith("trial ")]
     assert [line.split()[1] for line in lines] == ["0", "1", "2"], run.stderr
@@ -66,7 +66,7 @@ def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them
     assert [r["number"] for r in failed] == [r["number"] for r in rows if r["outcome"] != "feasible"]
     plan = json.loads(cli("gc", str(spec), "--storage", sqlite_url, "--json").stdout)
     assert plan["study"] == "tiny" and plan["removed"] is False and "0" in plan["kept"]
-    more = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--trials", "4", "--log-format", "json")
+    more = cli("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--trials", "4", "--log-format", "json")
     assert more.returncode == 0, more.stderr
     events = [json.loads(line) for line in more.stderr.splitlines() if line.startswith("{")]
     assert [e["number"] for e in events if e["event"] == "trial"] == [3]  # only what this run finished
@@ -76,17 +76,17 @@ def test_progress_is_one_line_per_trial_without_a_terminal_and_trials_lists_them
 def test_a_second_run_of_a_confirmed_study_does_not_confirm_again(cli, write_spec, sqlite_url) -> None:
     spec = write_spec(**{"run.budget": 2, "run.racing": False, "backend.space": SAME_SPEED})
     args = ("run", str(spec), "--storage", sqlite_url, "--confirm-top-k", "1", "--confirm-rounds", "3")
-    first = tuner(*args)
+    first = cli(*args)
     assert first.returncode == 0, first.stderr
     assert "confirm round 1/3" in first.stderr, first.stderr  # the confirmation shows its rounds
     confirmed = json.loads(cli("best", str(spec), "--storage", sqlite_url, "--json").stdout)["confirmation"]
     status = json.loads(cli("status", str(spec), "--storage", sqlite_url, "--json").stdout)
     assert status["confirm_s"] > 0 and status["elapsed_s"] >= status["confirm_s"]  # counted in the elapsed time
-    again = tuner(*args, "--json")
+    again = cli(*args, "--json")
     assert again.returncode == 0, again.stderr
     assert "confirm round" not in again.stderr and "stored confirmation holds" in again.stderr, again.stderr
     assert json.loads(again.stdout)["confirmation"]["id"] == confirmed["id"]
-    forced = tuner(*args, "--reconfirm", "--json")
+    forced = cli(*args, "--reconfirm", "--json")
     assert forced.returncode == 0 and "confirm round 1/3" in forced.stderr, forced.stderr
     assert json.loads(forced.stdout)["confirmation"]["id"] != confirmed["id"]
 
@@ -99,7 +99,7 @@ def test_read_only_commands_leave_no_file_behind(cli, write_spec, tmp_path: Path
     doc = json.loads(listed.stdout)
     assert doc["routes"] > 1 and doc["preparation"], doc
     for command in ("status", "best", "trials"):
-        refused = tuner(command, str(spec), "--json")
+        refused = cli(command, str(spec), "--json")
         assert refused.returncode == 2 and "does not exist" in json.loads(refused.stdout)["error"]
     assert sorted(tmp_path.rglob("*")) == before
 
@@ -109,7 +109,7 @@ def test_exit_statuses_bad_input_2_no_speedup_4(cli, write_spec, sqlite_url, tmp
     assert bad.returncode == 2 and json.loads(bad.stdout) == {"error": bad.stderr.strip()[7:], "exit_code": 2}
     spec = write_spec(**{"run.budget": 1, "backend.space": FP32})
     assert cli("run", str(spec), "--log-format", "xml").returncode == 2
-    done = tuner("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--fail-if-no-speedup")
+    done = cli("run", str(spec), "--storage", sqlite_url, "--no-confirm", "--fail-if-no-speedup")
     assert done.returncode == 4, done.stderr  # unconfirmed is not a speedup
 
 

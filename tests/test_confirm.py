@@ -12,7 +12,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna_dashboard import get_note
 
-from tests.conftest import SpecWriter, tuner
+from tests.conftest import SpecWriter
 from tuner import job as J
 from tuner.measure.speedup import (
     Speedup,
@@ -403,7 +403,7 @@ def test_a_swapped_process_times_the_engine_loaded_as_the_baseline_as_the_candid
 def test_a_study_with_nothing_to_find_reports_no_win(cli, write_spec: SpecWriter, pg_url: str) -> None:
     spec = write_spec(**{"backend.name": SAME_ENGINE, "run.budget": 5, "run.startup_trials": 5})
     url = normalize_url(pg_url)
-    run = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-confidence", "0.99")
+    run = cli("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-confidence", "0.99")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "confirmation: " in run.stdout and "x faster than the default" not in run.stdout, run.stdout
 

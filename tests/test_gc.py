@@ -11,7 +11,7 @@ import optuna
 import psycopg2
 from optuna.trial import TrialState
 
-from tests.conftest import run_study, tuner
+from tests.conftest import run_study
 from tests.helpers import start_tuner, trial_dir, trials
 from tuner.store.db import lock_key
 from tuner.store.leases import HOST
@@ -97,7 +97,7 @@ def test_a_size_cap_collects_after_the_run_and_never_touches_a_running_study(
     cli, write_spec, pg_url, tmp_path: Path
 ) -> None:
     spec = write_spec(**{"run.budget": 6, "run.sampler": "random", "run.keep_best": 1, "run.max_disk_mb": 0.001})
-    run = tuner("run", str(spec), "--no-confirm", "--storage", pg_url)
+    run = cli("run", str(spec), "--no-confirm", "--storage", pg_url)
     assert run.returncode == 0, run.stderr
     assert "gc: work dir" in run.stderr and "exceeds run.max_disk_mb (0.001 MB): removed" in run.stderr
     assert "what is kept is still" in run.stderr

@@ -100,7 +100,7 @@ def test_two_confirmations_at_once_measure_once_and_agree(write_spec, pg_url, tm
 def test_a_study_refuses_a_worker_on_other_hardware_unless_it_may_mix(cli, write_spec, pg_url) -> None:
     backend = {"backend.name": "tests.backends:OtherHostBackend", "backend.space": {"precision": ["fp32"]}}
     spec = write_spec(**{"run.budget": 1, **backend})
-    first = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", env={"TUNER_TEST_CPU": "Xeon A"})
+    first = cli("run", str(spec), "--storage", pg_url, "--no-confirm", env={"TUNER_TEST_CPU": "Xeon A"})
     assert first.returncode == 0, first.stderr
     spec = write_spec(**{"run.budget": 2, **backend})
     for where in (
@@ -117,7 +117,7 @@ def test_a_study_refuses_a_worker_on_other_hardware_unless_it_may_mix(cli, write
         assert conn.execute(text("SELECT count(*) FROM trials")).scalar() == 1  # nothing ran on the other hardware
     engine.dispose()
     mixed = write_spec(**{"run.budget": 2, "run.mix_devices": True, **backend})
-    allowed = tuner("run", str(mixed), "--storage", pg_url, "--no-confirm", env={"TUNER_TEST_CPU": "EPYC B"})
+    allowed = cli("run", str(mixed), "--storage", pg_url, "--no-confirm", env={"TUNER_TEST_CPU": "EPYC B"})
     assert allowed.returncode == 0, allowed.stderr
     bad = write_spec(**{"run.mix_devices": "yes"})
     assert "run.mix_devices" in cli("status", str(bad)).stderr

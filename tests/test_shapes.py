@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna_dashboard import get_note
 
-from tests.conftest import REPO, run_study, tuner
+from tests.conftest import REPO, run_study
 from tests.helpers import trials
 from tests.models import conv_model
 from tuner.errors import SpecError
@@ -130,7 +130,7 @@ def test_a_two_shape_confirmation_says_each_shape_and_the_share_of_the_machine(
     """The tiny model with a dynamic batch at two shapes, every route the same engine: the confirmation pools each
     shape apart, and the verdict, the note and the report say each shape's speedup and how the study was timed."""
     spec = _two_shapes(write_spec, tmp_path)
-    ran = tuner("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "3")
+    ran = cli("run", str(spec), "--storage", pg_url, "--confirm-top-k", "1", "--confirm-rounds", "3")
     assert ran.returncode == 0, ran.stderr[-3000:]
     doc = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url)).user_attrs["confirmation"]
     (row,) = doc["candidates"]

@@ -345,11 +345,11 @@ def test_bad_timeout_settings_are_one_line(write_spec, pg_url) -> None:
 # -- no password in the database ----------------------------------------------------------------
 
 
-def test_the_database_holds_no_password_from_the_study_file(write_spec, pg_url) -> None:
+def test_the_database_holds_no_password_from_the_study_file(cli, write_spec, pg_url) -> None:
     secret = "pw-9f3c1e77"
     url = pg_url.replace("postgres@", f"postgres:{secret}@")  # trust authentication ignores it
     spec = write_spec(**{"study.storage": url, "run.budget": 1})
-    result = tuner("run", str(spec), "--no-confirm")
+    result = cli("run", str(spec), "--no-confirm")
     assert result.returncode == 0, result.stderr
     dump = all_rows_text(pg_url)
     assert "postgres:***@127.0.0.1" in dump  # the study file is stored, masked

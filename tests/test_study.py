@@ -9,7 +9,7 @@ import sys
 
 from optuna.trial import TrialState
 
-from tests.conftest import REPO, run_study, tuner
+from tests.conftest import REPO, run_study
 from tests.helpers import status, trials
 
 SPACE = {
@@ -114,6 +114,6 @@ def test_export_writes_engine_route_and_reproduction(cli, write_spec, sqlite_url
     assert hashlib.sha256((out / "engine.onnx").read_bytes()).hexdigest() == doc["exported"]["artifact_sha256"]
     script = (out / "reproduce.sh").read_text()
     assert "tuner build" in script and "route.json" in script
-    rebuilt = tuner("build", str(spec), "--route", str(out / "route.json"), "--out", str(tmp_path / "rebuilt"))
+    rebuilt = cli("build", str(spec), "--route", str(out / "route.json"), "--out", str(tmp_path / "rebuilt"))
     assert rebuilt.returncode == 0, rebuilt.stderr + rebuilt.stdout
     assert (tmp_path / "rebuilt" / "engine.onnx").exists()
