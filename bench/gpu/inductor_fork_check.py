@@ -12,7 +12,8 @@ routes keep fresh ones, all of them completing.
 
 Prints one JSON line per check and writes them after each, with the GPU's name, to `--out`
 (bench/results/gpu-inductor-fork.json).
-Usage (on the GPU machine, our wheels installed as bench/gpu/run_study.sh does):
+Usage (on the GPU machine, our wheels installed as bench/gpu/run_study.sh does, psycopg2-binary among them:
+bench/inductor_cpu.py reads tests/conftest.py):
     python3 -m bench.gpu.inductor_fork_check
 """
 

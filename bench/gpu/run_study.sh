@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the Inductor GPU studies on a machine that has torch + CUDA but not this project's other
 # dependencies: install the carried wheels (.whl-inductor/: optuna, sqlalchemy, alembic, Mako,
-# colorlog, tenacity, onnx2torch) into /tmp/site, export the transformer encoder's ONNX, run the
+# colorlog, tenacity, onnx2torch, setproctitle) into /tmp/site, export the transformer encoder's ONNX, run the
 # studies and write results under $OUT (default bench/results). Extra arguments go to the driver
 # (bench/gpu/inductor_study.py), e.g. `--gpus 0,1` or `--trials 8`; the default runs both bundled
 # studies on GPU 0 with the side-by-side comparison.
