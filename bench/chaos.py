@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.conftest import to_toml  # noqa: E402
-from tests.helpers import running  # noqa: E402
+from tests.helpers import proc_stat, running  # noqa: E402
 from tests.models import conv_model  # noqa: E402
 from tests.pg_faults import Watch  # noqa: E402
 from tests.proxy import TcpProxy  # noqa: E402
@@ -201,7 +201,7 @@ def _procs() -> list[tuple[int, int, str]]:
         if entry.name.isdigit():
             try:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                stat = proc_stat(entry.name)
             except OSError:
                 continue
             if stat[0] != "Z":

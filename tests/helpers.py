@@ -51,13 +51,17 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes] | None = None, limit
         time.sleep(0.05)
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: [state, ppid, ...] (OSError if the process is gone)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def running(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie (dead, not yet reaped by its parent)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return proc_stat(pid)[0] != "Z"
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def trials(url: str, study: str) -> list[optuna.trial.FrozenTrial]:

@@ -379,14 +379,14 @@ def lock_key(name: str) -> int:
 
 
 @contextlib.contextmanager
-def named_lock(url: str, name: str, lock_file: Path) -> Iterator[HeldLock]:
-    """An exclusive lock across processes and hosts, waited for.
+def named_lock(url: str, name: str, lock_file: Path, keep_alive: bool = False) -> Iterator[HeldLock]:
+    """An exclusive lock across processes and hosts, waited for (`keep_alive`: see `_named_lock`).
 
     PostgreSQL: a session advisory lock, released by the server if the holder dies, is partitioned
     away (TCP keepalives) or sits idle holding it for `lock_hold_s` (frozen); a wait longer than
     `lock_timeout` logs who holds it and goes on waiting. SQLite (one host): an flock on `lock_file`.
     """
-    with _named_lock(url, name, lock_file, blocking=True) as held:
+    with _named_lock(url, name, lock_file, blocking=True, keep_alive=keep_alive) as held:
         assert held is not None
         yield held
 
@@ -522,14 +522,9 @@ def confirmation_lock(url: str, study: str, wait: bool = True) -> contextlib.Abs
     )
 
 
-@contextlib.contextmanager
-def schema_lock(url: str) -> Iterator[HeldLock]:
+def schema_lock(url: str) -> contextlib.AbstractContextManager[HeldLock]:
     """The lock around creating and migrating Optuna's tables and ours (one set-up at a time).
 
     Kept alive while this process runs (a migration of a large database outlasts `lock_hold_s` on a connection of
     its own, leaving the lock's session idle); a frozen holder's session still ends as for any lock."""
-    with _named_lock(
-        url, SCHEMA_LOCK, _sqlite_lock_file(url, "schema-migration"), blocking=True, keep_alive=True
-    ) as held:
-        assert held is not None
-        yield held
+    return named_lock(url, SCHEMA_LOCK, _sqlite_lock_file(url, "schema-migration"), keep_alive=True)
