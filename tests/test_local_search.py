@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.space import Param, SearchSpace, canonical_route
-from tuner.space.groups import NEIGHBOURS_MAX, knob_groups
+from tuner.space.groups import ENUMERATE_UP_TO, NEIGHBOURS_MAX, knob_groups
 from tuner.spec import RunSpec
 from tuner.study import attrs as A
 from tuner.study import warm_start
@@ -44,6 +44,37 @@ def test_a_knob_and_the_sub_knobs_it_activates_are_one_group() -> None:
         len(list(g.moves(default))) == 3 + 2 + 2
     )  # precision group: fp16/some, fp16/none, int8; fusion: 2; threads: 2
     assert all(g.distance(default, r) == 1 for r in g.within(default, 1))
+
+
+CONDITIONAL = SearchSpace(  # above ENUMERATE_UP_TO routes: neighbourhoods are grown move by move
+    (
+        Param("precision", ("fp32", "fp16", "int8"), "fp32"),
+        Param("keep", ("some", "none"), "some", when=lambda r: r["precision"] == "fp16"),
+        *(Param(f"q{i}", (0, 1, 2, 3), 0, when=lambda r: r["precision"] == "int8") for i in range(5)),
+        Param("mode", ("sequential", "parallel"), "sequential"),
+        Param("inter", (0, 1, 2), 0, when=lambda r: r["mode"] == "parallel"),
+        Param("threads", (0, 1, 2, 4), 0, when=lambda r: r.get("q0") != 3),
+    )
+)
+
+
+def test_a_large_conditional_space_s_moves_are_whole_routes_one_group_away() -> None:
+    g = knob_groups(CONDITIONAL)
+    assert g.size > ENUMERATE_UP_TO
+    int8 = CONDITIONAL.complete({"precision": "int8", "q0": 3, "mode": "parallel", "inter": 2})
+    for centre in (CONDITIONAL.default_route(), int8):
+        here = g.of(centre)
+        ring = list(g.moves(centre))
+        assert ring and all(CONDITIONAL.complete(r) == r for _, r in ring)  # whole routes, as `complete` makes them
+        for moved, r in ring:  # the moved group changed; another only where the move switched its knobs on or off
+            there = g.of(r)
+            assert there[moved] != here[moved]
+            assert all(None in (*a, *b) for j, (a, b) in enumerate(zip(here, there)) if j != moved and a != b)
+        assert len({canonical_route(r) for _, r in ring}) == len(ring)
+        near = g.within(centre, 2, np.random.default_rng(0))
+        assert all(CONDITIONAL.contains(r) and r != centre for r in near)
+        assert len({canonical_route(r) for r in near}) == len(near) > len(ring)
+    assert "threads" in {k for _, r in g.moves(int8) for k in r}  # q0 = 3 switched `threads` off; a move back on
 
 
 def _study(seed: int, space: SearchSpace = SPACE, storage=None, name=None) -> optuna.Study:

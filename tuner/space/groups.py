@@ -14,6 +14,7 @@ included, as absent) differ.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ class Groups:
 
     space: SearchSpace
     groups: tuple[tuple[str, ...], ...]
-    # (group, the rest of a route) -> the group's joint values: `values`, asked again for every route of a ring
+    # (group, the rest of a route) -> the routes with each of the group's joint values: `_varied`, asked again for
+    # every route of a ring
     kept: dict[tuple[tuple[str, ...], tuple[tuple[str, Value], ...]], list[Route]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -49,7 +51,11 @@ class Groups:
         return sum(x != y for x, y in zip(self.of(a), self.of(b)))
 
     def values(self, route: Mapping[str, Value], group: Sequence[str]) -> list[Route]:
-        """Every joint value of `group` (the group's active knobs) with the rest of `route` as it is.
+        """Every joint value of `group` (the group's active knobs) with the rest of `route` as it is."""
+        return [{k: v for k, v in varied.items() if k in group} for varied in self._varied(route, group)]
+
+    def _varied(self, route: Mapping[str, Value], group: Sequence[str]) -> list[Route]:
+        """The whole routes `values` come from: the rest of `route` with each joint value of `group`, completed.
 
         They depend on the rest of `route` only, so they are kept by it (the routes of a ring share most).
         """
@@ -57,8 +63,8 @@ class Groups:
         if key not in self.kept:
             if len(self.kept) >= JOINT_VALUES_KEPT:
                 self.kept.clear()
-            self.kept[key] = list(itertools.islice(_joint(self.space, route, set(group)), GROUP_VALUES_MAX))
-        return list(self.kept[key])
+            self.kept[key] = list(itertools.islice(_walk(self.space, route, set(group)), GROUP_VALUES_MAX))
+        return self.kept[key]
 
     def moves(self, route: Mapping[str, Value], keep: frozenset[int] = frozenset()) -> Iterator[tuple[int, Route]]:
         """The routes one group move away from `route` (one group's joint value changed, the rest kept), each with
@@ -67,15 +73,14 @@ class Groups:
         for i, group in enumerate(self.groups):
             if i in keep:
                 continue
-            for joint in self.values(route, group):
-                moved = self.space.complete({**{k: v for k, v in route.items() if k not in group}, **joint})
+            for moved in self._varied(route, group):
                 if tuple(moved.get(name) for name in group) != here[i]:
-                    yield i, moved
+                    yield i, dict(moved)
 
     @cached_property
     def size(self) -> int:
         """How many routes the space has (counted up to ENUMERATE_UP_TO + 1)."""
-        return sum(1 for _ in itertools.islice(_joint(self.space, {}, set(self.space.names())), ENUMERATE_UP_TO + 1))
+        return sum(1 for _ in itertools.islice(_walk(self.space, {}, set(self.space.names())), ENUMERATE_UP_TO + 1))
 
     @cached_property
     def _every(self) -> list[tuple[Route, tuple[tuple[Value | None, ...], ...]]]:
@@ -101,8 +106,8 @@ class Groups:
             for i in rng.permutation(len(ring)) if rng is not None else range(len(ring)):
                 moved_route, moved = ring[i]
                 for group, m in self.moves(moved_route, keep=moved):
-                    if _key(m) not in seen:
-                        seen.add(_key(m))
+                    if (key := _key(m)) not in seen:
+                        seen.add(key)
                         grown.append((m, moved | {group}))
                 if len(found) + len(grown) >= NEIGHBOURS_MAX:
                     return found + [r for r, _ in grown[: NEIGHBOURS_MAX - len(found)]]
@@ -111,8 +116,10 @@ class Groups:
         return found
 
 
+@functools.lru_cache(maxsize=8)
 def knob_groups(space: SearchSpace) -> Groups:
-    """The space's knob groups (see the module docstring)."""
+    """The space's knob groups (see the module docstring); kept for the last few spaces (a local search's sampler and
+    its encoder ask for the same)."""
     default = space.default_route()
     groups: list[list[str]] = []
     for p in space.params:
@@ -123,10 +130,7 @@ def knob_groups(space: SearchSpace) -> Groups:
             (
                 g
                 for g in groups
-                if any(
-                    p.name in space.complete(joint)
-                    for joint in itertools.islice(_joint(space, default, set(g)), GROUP_VALUES_MAX)
-                )
+                if any(p.name in varied for varied in itertools.islice(_walk(space, default, set(g)), GROUP_VALUES_MAX))
             ),
             None,
         )
@@ -137,24 +141,28 @@ def knob_groups(space: SearchSpace) -> Groups:
     return Groups(space, tuple(tuple(g) for g in groups))
 
 
-def _joint(space: SearchSpace, route: Mapping[str, Value], free: set[str]) -> Iterator[Route]:
-    """The joint values of the knobs in `free` that are active, walking the space in order, every other
-    active knob at its value in `route` (its default where `route` lacks it)."""
+def _walk(space: SearchSpace, route: Mapping[str, Value], free: set[str]) -> Iterator[Route]:
+    """The routes with each joint value of the knobs in `free`, walking the space in order: each active knob in
+    `free` at each of its values, every other active knob at its value in `route` (else its default), inactive
+    knobs left out (each route as `space.complete` would complete it).
 
-    def walk(i: int, chosen: Route) -> Iterator[Route]:
-        if i == len(space.params):
-            yield {k: v for k, v in chosen.items() if k in free}
-            return
-        p = space.params[i]
-        if not p.active(chosen):
-            yield from walk(i + 1, chosen)
-        elif p.name in free:
-            for v in p.choices:
-                yield from walk(i + 1, {**chosen, p.name: v})
-        else:
-            yield from walk(i + 1, {**chosen, p.name: route.get(p.name, p.default)})
-
-    return walk(0, {})
+    Depth first (the space's order, a knob's values in their order) with a stack of its own rather than recursive
+    generators, which would pass every route up through one frame per knob: this walk is most of the work of a
+    local search's proposal."""
+    params = space.params
+    stack: list[tuple[int, Route]] = [(0, {})]
+    while stack:
+        start, chosen = stack.pop()  # `chosen` is this branch's own dict: set in place
+        for i in range(start, len(params)):
+            p = params[i]
+            if not p.active(chosen):
+                continue
+            if p.name in free:
+                stack.extend((i + 1, {**chosen, p.name: v}) for v in reversed(p.choices[1:]))
+                chosen[p.name] = p.choices[0]
+            else:
+                chosen[p.name] = route.get(p.name, p.default)
+        yield chosen
 
 
 def _key(route: Mapping[str, Value]) -> tuple[tuple[str, Value], ...]:
