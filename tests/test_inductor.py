@@ -434,7 +434,7 @@ def test_a_two_shape_inductor_study_is_timed_at_each_shape_and_exports_both(
         }
     )
     env = {"TORCHINDUCTOR_CACHE_DIR": shared_cache}
-    proc = tuner("run", str(spec), "--storage", pg_url, "--no-confirm", env=env)
+    proc = cli("run", str(spec), "--storage", pg_url, "--no-confirm", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = optuna.load_study(study_name="tiny", storage=normalize_url(pg_url))
     trials = sorted(study.get_trials(), key=lambda t: t.number)
