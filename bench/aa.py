@@ -160,11 +160,11 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _spec(tmp: Path, index: int, args: argparse.Namespace) -> Path:
-    from tests.conftest import to_toml
+    from tuner.spec.toml import dumps
 
     spec = tmp / f"aa-{index}.toml"
     spec.write_text(
-        to_toml(
+        dumps(
             {
                 "study": {"name": f"aa-cpu-{index}", "work_dir": str(tmp / f"work-{index}")},
                 "model": {"path": str(tmp / "tiny.onnx")},
@@ -186,12 +186,12 @@ def _spec(tmp: Path, index: int, args: argparse.Namespace) -> Path:
 
 def _paths_spec(tmp: Path, args: argparse.Namespace) -> Path:
     """The cpu part's study file on the ONNX Runtime backend whose one free knob changes nothing."""
-    from tests.conftest import to_toml
+    from tuner.spec.toml import dumps
 
     doc = tomllib.loads(_spec(tmp, 0, args).read_text())
     doc["backend"] = {"name": "tests.backends:SameEngineBackend"}
     spec = tmp / "aa-paths.toml"
-    spec.write_text(to_toml(doc))
+    spec.write_text(dumps(doc))
     return spec
 
 

@@ -55,11 +55,11 @@ import psycopg2.errors
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import to_toml  # noqa: E402
 from tests.helpers import proc_stat, running  # noqa: E402
 from tests.models import conv_model  # noqa: E402
 from tests.pg_faults import Watch  # noqa: E402
 from tests.proxy import TcpProxy  # noqa: E402
+from tuner.spec.toml import dumps  # noqa: E402
 from tuner.store.db import lock_key  # noqa: E402
 from tuner.worker.environment import ENV_REQUEUES  # noqa: E402
 
@@ -337,7 +337,7 @@ class Seed:
         self.build_log.mkdir()
         conv_model(self.root / "tiny.onnx")
         self.spec.write_text(
-            to_toml(
+            dumps(
                 {
                     "study": {"name": f"chaos-{self.seed}", "work_dir": str(self.disk / "work")},
                     "model": {"path": str(self.root / "tiny.onnx")},

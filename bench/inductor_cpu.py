@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.measurement import unpack  # noqa: E402
-from tests.conftest import to_toml  # noqa: E402
+from tuner.spec.toml import dumps  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "inductor-cpu.json"
 OBJECTIVE = {"warmup_s": 0.0, "min_repeats": 5, "min_duration_s": 0.02, "block_s": 0.002, "timing_cap_s": 0.2}
@@ -75,7 +75,7 @@ def study_file(scenario: str, folder: Path, device: str = "cpu", precisions: Seq
         "run": {"budget": 2 * len(precisions), "racing": False, "trial_timeout_s": 900.0},
     }
     path = folder / "study.toml"
-    path.write_text(to_toml(doc))
+    path.write_text(dumps(doc))
     return path
 
 

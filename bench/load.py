@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.busy import busy_core  # noqa: E402
 from bench.landscape.models import fetch  # noqa: E402
-from tests.conftest import to_toml  # noqa: E402
+from tuner.spec.toml import dumps  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "load.json"
 OCR_LINES = [
@@ -90,7 +90,7 @@ def bundled_spec(tmp: Path, name: str) -> Path:
         doc[section][key] = str((src.parent / doc[section][key]).resolve())
     doc["study"] = {"name": name, "work_dir": str(tmp / name)}
     path = tmp / f"{name}.toml"
-    path.write_text(to_toml(doc))
+    path.write_text(dumps(doc))
     return path
 
 
@@ -116,7 +116,7 @@ def ocr_spec(tmp: Path, name: str) -> Path:
     model, data = ocr_inputs(tmp)
     path = tmp / f"{name}.toml"
     path.write_text(
-        to_toml(
+        dumps(
             {
                 "study": {"name": name, "work_dir": str(tmp / name)},
                 "model": {"path": str(model), "inputs": {"x": {"shape": [1, 3, 48, 320]}}},

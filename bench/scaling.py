@@ -43,8 +43,8 @@ from optuna.trial import FrozenTrial
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import to_toml  # noqa: E402
 from tests.models import conv_model  # noqa: E402
+from tuner.spec.toml import dumps  # noqa: E402
 from tuner.store.urls import normalize_url  # noqa: E402
 from tuner.study import attrs as A  # noqa: E402
 from tuner.worker.forkserver import ENABLE_ENV as FORK_ENV  # noqa: E402
@@ -126,7 +126,7 @@ def run_once(
     name = f"scaling-{workers}-r{rep}"
     spec = tmp / f"{name}.toml"
     spec.write_text(
-        to_toml(
+        dumps(
             {
                 "study": {"name": name, "work_dir": str(tmp / f"work-{name}")},
                 "model": {"path": str(tmp / "tiny.onnx")},

@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers import cli_in_process
 from tests.models import conv_model
+from tuner.spec.toml import dumps
 
 PG_ADMIN = os.environ.get("TUNER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REPO = Path(__file__).resolve().parents[1]
@@ -181,35 +182,10 @@ def write_spec(tmp_path: Path, tiny_model: Path) -> SpecWriter:
             else:
                 doc.setdefault(section, {})[key] = value
         path = tmp_path / name
-        path.write_text(to_toml(doc))
+        path.write_text(dumps(doc))
         return path
 
     return write
-
-
-def to_toml(doc: dict[str, dict[str, Any]]) -> str:
-    """A minimal TOML writer for test study files (tables of scalars, lists and inline tables)."""
-    lines = []
-    for section, table in doc.items():
-        lines.append(f"[{section}]")
-        for key, value in table.items():
-            lines.append(f"{key} = {_value(value)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f'"{k}" = {_value(x)}' for k, x in v.items()) + " }"
-    raise TypeError(type(v))
 
 
 def run_study(spec: Path, storage: str | None = None, trials: int | None = None, **options: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import BRIEF_TIMING, SpecWriter, run_study, to_toml, tuner
+from tests.conftest import BRIEF_TIMING, SpecWriter, run_study, tuner
 from tests.helpers import trials
 from tests.models import vad_model
 from tuner import job as J
@@ -17,6 +17,7 @@ from tuner.measure.accuracy import Tolerances
 from tuner.measure.judge import Judge, Rule
 from tuner.measure.user_metric import MetricError
 from tuner.spec import load_spec
+from tuner.spec.toml import dumps
 
 PLUGIN = "tests.accuracy_metrics:recall_at_k_loss"
 
@@ -114,7 +115,7 @@ trial_timeout_s = 120.0
 def _vad_study(tmp_path: Path, rule: str) -> Path:
     vad_model(tmp_path / "vad.onnx")
     path = tmp_path / "vad.toml"
-    path.write_text(VAD.format(rule=rule, objective=to_toml({"objective": BRIEF_TIMING})))
+    path.write_text(VAD.format(rule=rule, objective=dumps({"objective": BRIEF_TIMING})))
     return path
 
 

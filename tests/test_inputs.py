@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import BRIEF_TIMING, run_study, to_toml
+from tests.conftest import BRIEF_TIMING, run_study
 from tests.helpers import trials
 from tests.models import vad_model
 from tuner import job as J
@@ -16,6 +16,7 @@ from tuner.errors import SpecError
 from tuner.measure.inputs import load_feeds
 from tuner.measure.reference import compute_reference
 from tuner.spec import load_spec
+from tuner.spec.toml import dumps
 
 MODEL = """[model]
 path = "vad.onnx"
@@ -38,7 +39,7 @@ REST = f"""[accuracy]
 metric = "cosine"
 tolerance = 0.001
 
-{to_toml({"objective": BRIEF_TIMING})}
+{dumps({"objective": BRIEF_TIMING})}
 [backend]
 name = "onnxruntime"
 space.precision = ["fp32", "int8_static"]  # its fp16 routes: tests/test_ort_loads.py

@@ -17,7 +17,7 @@ from bench.landscape.score import built_curve, score, summarise
 from bench.landscape.simulate import Step
 from bench.landscape.strategies import STRATEGIES, Run
 from bench.landscape.truth import Truth
-from tests.conftest import REPO, to_toml
+from tests.conftest import REPO
 from tests.models import conv_model
 from tuner import job as J
 from tuner.backends.onnxruntime.quant_space import recommendation
@@ -26,6 +26,7 @@ from tuner.backends.replay.space import replay_space
 from tuner.measure.accuracy import Tolerances, compare, worst
 from tuner.space import route_hash
 from tuner.spec import load_spec
+from tuner.spec.toml import dumps
 from tuner.study.setup import Context
 
 SPACE = {
@@ -79,7 +80,7 @@ def write_tiny_study(
         "run": {"budget": 4, "trial_timeout_s": 60.0},
     }
     path = directory / name
-    path.write_text(to_toml(doc))
+    path.write_text(dumps(doc))
     return path
 
 

@@ -163,13 +163,13 @@ def test_a_route_projects_onto_another_space() -> None:
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_warm_start_is_a_run_setting(tmp_path, mode: str) -> None:
-    from tests.conftest import to_toml
     from tests.models import conv_model
     from tuner.spec import load_spec
+    from tuner.spec.toml import dumps
 
     spec = tmp_path / "s.toml"
     spec.write_text(
-        to_toml(
+        dumps(
             {
                 "study": {"name": "s"},
                 "model": {"path": str(conv_model(tmp_path / "m.onnx"))},

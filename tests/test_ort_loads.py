@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import BRIEF_TIMING, run_study, to_toml
+from tests.conftest import BRIEF_TIMING, run_study
 from tests.helpers import trials
 from tests.models import conv_model, vad_model
 from tests.test_inputs import CONSTANTS, MODEL
@@ -21,6 +21,7 @@ from tuner.backends.base import BuildContext, ModelInfo
 from tuner.backends.onnxruntime import OnnxRuntimeBackend
 from tuner.backends.onnxruntime.session import LOAD_LEVEL_KEY
 from tuner.measure.reference import compute_reference
+from tuner.spec.toml import dumps
 
 SHAPES = {"input": (1, 512), "state": (2, 1, 128), "sr": ()}
 FEED = {
@@ -80,7 +81,7 @@ gate_samples = 1
 metric = "cosine"
 tolerance = 0.01
 
-{to_toml({"objective": BRIEF_TIMING})}
+{dumps({"objective": BRIEF_TIMING})}
 [backend]
 name = "onnxruntime"
 space.precision = ["fp32", "fp16"]
