@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,21 +46,25 @@ def _until(  # noqa: ANN201
     what: str,
     limit_s: float = 240.0,
     proc: subprocess.Popen | None = None,
-    state: Callable[[], str] = lambda: "",
+    run: tuple[str, Path] | None = None,
 ):
     """Poll `condition()` until it returns something true (an event the system under test records); return it.
 
-    A miss says what `state()` says (`stuck_run`: the run's log and database sessions)."""
+    A miss says what the run (its storage URL and log file) was doing: `stuck_run`, its log and database sessions."""
     deadline = time.monotonic() + limit_s
     while True:
         value = condition()
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before {what}\n{state()}")
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}\n{_doing(run)}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {limit_s} s\n{state()}")
+            raise AssertionError(f"{what}: not within {limit_s} s\n{_doing(run)}")
         time.sleep(0.1)
+
+
+def _doing(run: tuple[str, Path] | None) -> str:
+    return "" if run is None else stuck_run(*run)
 
 
 def _counted(ts: list) -> list:  # noqa: ANN001
@@ -102,7 +105,7 @@ def test_a_stopped_baseline_worker_is_reaped_and_the_study_ends_at_its_budget(
             lambda: len(_counted(trials(pg_url, "tiny"))) >= 4,
             "the budget spent",
             proc=proc,
-            state=lambda: stuck_run(pg_url, tmp_path / "run.log"),
+            run=(pg_url, tmp_path / "run.log"),
         )
     finally:
         os.kill(stopped, signal.SIGCONT)
@@ -159,7 +162,7 @@ def test_a_worker_whose_trial_was_reaped_before_its_child_started_starts_none(
             waiting,
             "the second worker's trial sampled",
             proc=proc,
-            state=lambda: stuck_run(pg_url, tmp_path / "run.log"),
+            run=(pg_url, tmp_path / "run.log"),
         )
         assert stopped != builder
         os.kill(stopped, signal.SIGSTOP)
@@ -167,7 +170,7 @@ def test_a_worker_whose_trial_was_reaped_before_its_child_started_starts_none(
             lambda: [t for t in trials(pg_url, "tiny") if t.user_attrs.get("failure_class") == "lost"],
             "the stopped worker's trial reaped",
             proc=proc,
-            state=lambda: stuck_run(pg_url, tmp_path / "run.log"),
+            run=(pg_url, tmp_path / "run.log"),
         )
         (markers / "release").touch()
     finally:
@@ -607,7 +610,7 @@ def test_a_trial_whose_stopped_worker_holds_up_the_others_timings_is_reaped_whil
             "the stopped worker's trial reaped",
             limit_s=300.0,
             proc=proc,
-            state=lambda: stuck_run(pg_url, tmp_path / "run.log"),
+            run=(pg_url, tmp_path / "run.log"),
         )
     finally:
         os.kill(stopped, signal.SIGCONT)
