@@ -24,7 +24,7 @@ from tuner.backends.onnxruntime import OnnxRuntimeBackend
 from tuner.spec import load_spec
 from tuner.study.setup import Context
 from tuner.worker import forkserver
-from tuner.worker.isolate import run_isolated
+from tuner.worker.isolate import child_env, run_isolated
 from tuner.worker.jobs import make_job
 
 FAULT = "tests.backends:FaultBackend"
@@ -32,6 +32,13 @@ FAULT = "tests.backends:FaultBackend"
 
 def _context(write_spec: SpecWriter, tmp_path: Path, **overrides: object) -> Context:
     return Context(load_spec(write_spec(**overrides)), f"sqlite:///{tmp_path / 'x.db'}")
+
+
+def _serving(job: J.Job) -> forkserver.ForkServer:
+    """The server this process forks `job`'s child from."""
+    server = forkserver.server_for(job.preload or (), child_env())
+    assert isinstance(server, forkserver.ForkServer)
+    return server
 
 
 def _parent_of(pid: int) -> int:
@@ -50,7 +57,7 @@ def test_cpu_trials_are_forked_from_one_server_and_gpu_routes_are_not(write_spec
     first = run_isolated(job, tmp_path / "a")
     second = run_isolated(make_job(ctx, route, tmp_path / "b" / "out"), tmp_path / "b")
     assert first.status == second.status == J.OK, (first.message, second.message)
-    server = forkserver._SERVERS[tuple(job.preload or ())]  # (earlier tests in this process may have their own)
+    server = _serving(job)  # (earlier tests in this process may have their own)
     assert server.alive() and server.proc.args[:4] == [sys.executable, "-m", "tuner.worker.child", "--serve"]
 
 
@@ -70,8 +77,9 @@ def test_a_library_s_variable_in_the_worker_keeps_its_server_and_another_change_
     def run(name: str) -> forkserver.ForkServer:
         job = make_job(ctx, route, tmp_path / name / "out")
         assert run_isolated(job, tmp_path / name).status == J.OK
-        return forkserver._SERVERS[tuple(job.preload or ())]
+        return _serving(job)
 
+    monkeypatch.setenv("TUNER_TEST_SETTING", "0")  # not a server an earlier test in this process left
     monkeypatch.delenv("KMP_INIT_AT_FORK")
     first = run("a")
     monkeypatch.setenv("KMP_INIT_AT_FORK", "FALSE")
@@ -79,6 +87,24 @@ def test_a_library_s_variable_in_the_worker_keeps_its_server_and_another_change_
     monkeypatch.setenv("TUNER_TEST_SETTING", "1")  # any other change: the server is started again with it
     replaced = run("c")
     assert replaced is not first and not first.alive() and replaced.env["TUNER_TEST_SETTING"] == "1"
+
+
+def test_a_study_s_server_also_forks_trial_children_that_need_fewer_modules(
+    write_spec: SpecWriter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    markers = tmp_path / "markers"
+    ctx = _context(
+        write_spec, tmp_path, **{"backend.name": FAULT, "backend.options": {"marker_dir": str(markers), "faults": {}}}
+    )
+    job = make_job(ctx, ctx.space.default_route(), tmp_path / "a" / "out")
+    monkeypatch.setenv("TUNER_TEST_SETTING", "0")  # not a server an earlier test in this process left
+    study = forkserver.server_for([forkserver.WORKER_MODULE, *(job.preload or ())], child_env())
+    servers = dict(forkserver._SERVERS)
+    assert run_isolated(job, tmp_path / "a").status == J.OK
+    assert forkserver._SERVERS == servers and _serving(job) is study and study.alive()  # no server started for it
+    monkeypatch.setenv("TUNER_TEST_SETTING", "1")  # another environment: not that server's
+    assert run_isolated(make_job(ctx, ctx.space.default_route(), tmp_path / "b" / "out"), tmp_path / "b").status == J.OK
+    assert _serving(job) is not study and forkserver._SERVERS[tuple(job.preload or ())] is _serving(job)
 
 
 def test_a_forked_child_looks_like_a_fresh_one_and_dies_with_its_server(write_spec: SpecWriter, tmp_path: Path) -> None:
@@ -96,7 +122,7 @@ def test_a_forked_child_looks_like_a_fresh_one_and_dies_with_its_server(write_sp
     runner.start()
     wait_for_file(markers / "orphan-0", None)
     child, worker = map(int, (markers / "orphan-0").read_text().split())
-    server = forkserver._SERVERS[tuple(job.preload or ())]
+    server = _serving(job)
     assert worker == os.getpid() and _parent_of(child) == server.proc.pid != os.getpid()
     cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
     assert b"tuner.worker.child" in cmdline and str(tmp_path / "t" / "job.json").encode() in cmdline
@@ -121,7 +147,7 @@ STARTER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from tuner import job as J
-    from tuner.worker.isolate import run_isolated
+    from tuner.worker.isolate import child_env, run_isolated
     run_isolated(J.Job.read(Path(sys.argv[1])), Path(sys.argv[2]))
 """)
 

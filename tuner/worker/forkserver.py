@@ -64,8 +64,12 @@ log = logging.getLogger("tuner.worker")
 ENABLE_ENV = "TUNER_FORK_SERVER"  # "0": every trial child, worker and reference run is a fresh interpreter
 # Set in the starter by a library it runs, for itself or for a library the server does not load: a change in them alone
 # keeps the server (scikit-learn, imported by the local search's first fit, sets KMP_INIT_AT_FORK for Intel OpenMP;
-# pytest names the test it is running in PYTEST_CURRENT_TEST, in a process that runs studies through the Python API)
-STARTER_LIBRARY_ENV = frozenset({"KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST"})
+# pytest names the test it is running in PYTEST_CURRENT_TEST, in a process that runs studies through the Python API;
+# PyTorch's Inductor, compiling in the starter, sets its cache folder, which it reads again at every compile, and the
+# address of an object of that process)
+STARTER_LIBRARY_ENV = frozenset(
+    {"KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
+)
 CHILD_MODULE = "tuner.worker.child"
 WORKER_MODULE = "tuner.worker.main"
 REFERENCE_MODULE = "tuner.measure.reference"
@@ -253,15 +257,18 @@ def enabled() -> bool:
 
 
 def server_for(preload: Sequence[str], env: Mapping[str, str]) -> Connection:
-    """The server this process forks from: the one that forked it, if it handed down a connection; else this
-    process's server for `preload`, started now with `env` if there is none alive with that environment."""
+    """The server this process forks from: the one that forked it, if it handed down a connection; else a server of
+    this process alive with `env` that has imported at least `preload` (a study's server also serves the trial
+    children of a confirmation or a reuse check); else one for `preload`, started now with `env`."""
     if _INHERITED and _INHERITED[0].alive():
         return _INHERITED[0]
     key = tuple(preload)
     with _SERVERS_LOCK:
+        covering = (s for s in (_SERVERS.get(key), *reversed(_SERVERS.values())) if s is not None)
+        alive = next((s for s in covering if set(key) <= set(s.preload) and s.alive() and _same(s.env, env)), None)
+        if alive is not None:
+            return alive
         server = _SERVERS.get(key)
-        if server is not None and server.alive() and _same(server.env, env):
-            return server
         if server is not None:
             server.close()  # one server per module set: a changed environment replaces it
             del _SERVERS[key]
