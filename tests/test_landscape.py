@@ -265,20 +265,26 @@ def test_scores_of_a_known_sequence(recorded) -> None:
     assert summarise([1, 2, 3]) == {"median": 2.0, "q25": 1.5, "q75": 2.5, "n": 3, "reached": 3}
 
 
-def test_the_benchmark_command_writes_json_markdown_and_png(recorded, tmp_path: Path) -> None:
+def test_the_benchmark_command_writes_json_markdown_and_png(
+    recorded, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench.search_efficiency as se
+
+    tiny = se.Scenario("tiny", str(recorded[1]), "tiny", 1.0)
+    monkeypatch.setattr(se, "SCENARIOS", (tiny, se.Scenario("tiny-strict", str(recorded[1]), "tiny", 1e-5)))
+
     def bench(*extra: str, without: str = "") -> subprocess.CompletedProcess[str]:
-        script = f"""
-import sys; sys.argv = ['x']
-if {without!r}: sys.modules[{without!r}] = None  # that library not installed: importing it raises ImportError
-sys.path.insert(0, {str(REPO)!r})
-import bench.search_efficiency as se
-se.SCENARIOS = (se.Scenario('tiny', {str(recorded[1])!r}, 'tiny', 1.0),
-                se.Scenario('tiny-strict', {str(recorded[1])!r}, 'tiny', 1e-5))
-sys.exit(se.main(['--seeds', '2', '--budget', '6', '--strategies', *{list(extra)!r},
-                  '--json', {str(tmp_path / "r.json")!r}, '--markdown', {str(tmp_path / "r.md")!r},
-                  '--png', {str(tmp_path / "r.png")!r}]))
-"""
-        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        """The benchmark's command in this process: its exit status and output."""
+        with monkeypatch.context() as scoped:
+            if without:
+                scoped.setitem(sys.modules, without, None)  # not installed: importing it raises ImportError
+            capsys.readouterr()
+            rc = se.main(
+                ["--seeds", "2", "--budget", "6", "--strategies", *extra, "--json", str(tmp_path / "r.json")]
+                + ["--markdown", str(tmp_path / "r.md"), "--png", str(tmp_path / "r.png")]
+            )
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["search_efficiency", *extra], rc, out, err)
 
     first = bench("random", "--stop-after", "0")  # stops before any run: nothing complete, all of it missing
     assert first.returncode == 3, first.stderr
