@@ -298,7 +298,7 @@ class Seed:
     grace_s: float
     root: Path
     schedule: tuple[str, ...] = FAULTS
-    timing_cap_s: float | None = None  # None: the tuner's default cap (what the recorded seeds ran with)
+    objective: dict[str, Any] = field(default_factory=dict)  # over the study's [objective] (recorded seeds: none)
     faults: list[dict[str, Any]] = field(default_factory=list)
     first: tuple[str, ...] = FIRST
     last: tuple[str, ...] = LAST
@@ -347,7 +347,7 @@ class Seed:
                         "warmup_s": 0.0,
                         "min_repeats": 3,
                         "min_duration_s": 0.0,
-                        **({"timing_cap_s": self.timing_cap_s} if self.timing_cap_s is not None else {}),
+                        **self.objective,
                     },
                     "backend": {
                         "name": "bench.fixed_cost:LoggedFixedCostBackend",

@@ -159,6 +159,7 @@ min_repeats = 5
 min_duration_s = 0.05
 timing_cap_s = 1.0
 target_halfwidth = 0.2
+block_s = 0.002
 contention = "shared"
 [backend]
 name = "onnxruntime"
