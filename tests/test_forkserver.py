@@ -147,7 +147,7 @@ STARTER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from tuner import job as J
-    from tuner.worker.isolate import child_env, run_isolated
+    from tuner.worker.isolate import run_isolated
     run_isolated(J.Job.read(Path(sys.argv[1])), Path(sys.argv[2]))
 """)
 

@@ -81,7 +81,7 @@ contention = "shared"
 inputs.images = [1, 3, 224, 224]
 weight = 0.7
 [[objective.shapes]]
-inputs.images = [2, 3, 224, 224]
+inputs.images = [8, 3, 224, 224]
 weight = 0.3
 [backend]
 name = "onnxruntime"
@@ -94,13 +94,13 @@ trial_timeout_s = 300
     run_study(spec, sqlite_url)
     done = trials(sqlite_url, "effnet-shapes")
     candidate = next(t for t in done if t.user_attrs.get("source") != "baseline")
-    assert [s["inputs"]["images"][0] for s in candidate.user_attrs["shapes"]] == [1, 2]
+    assert [s["inputs"]["images"][0] for s in candidate.user_attrs["shapes"]] == [1, 8]
     best = cli("best", str(spec), "--storage", sqlite_url, "--json")
     assert best.returncode == 0, best.stderr[-2000:]
     doc = json.loads(best.stdout)
     assert [(s["inputs"], s["weight"]) for s in doc["shapes"]] == [
         ({"images": [1, 3, 224, 224]}, 0.7),
-        ({"images": [2, 3, 224, 224]}, 0.3),
+        ({"images": [8, 3, 224, 224]}, 0.3),
     ]
     if doc["trial"] != doc["baseline_trial"]:
         assert all(s["speedup"] > 0 and s["default_ms"] > 0 and s["route_ms"] > 0 and s["ci"] for s in doc["shapes"])
