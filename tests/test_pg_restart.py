@@ -31,7 +31,7 @@ def test_study_survives_a_postgres_restart(write_spec, pg_url, tmp_path: Path) -
             "run.grace_s": 60.0,
         }
     )
-    proc = start_tuner("run", str(spec), "--no-confirm", "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
+    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
     wait_for_file(markers / "blocked-2", proc)
     _restart_postgres()  # every pooled connection of both workers and the main process is now dead
     (markers / "release").write_text("")
