@@ -264,8 +264,8 @@ def server_for(preload: Sequence[str], env: Mapping[str, str]) -> Connection:
         return _INHERITED[0]
     key = tuple(preload)
     with _SERVERS_LOCK:
-        covering = (s for s in (_SERVERS.get(key), *reversed(_SERVERS.values())) if s is not None)
-        alive = next((s for s in covering if set(key) <= set(s.preload) and s.alive() and _same(s.env, env)), None)
+        covering = (s for s in reversed(_SERVERS.values()) if set(key) <= set(s.preload))
+        alive = next((s for s in covering if s.alive() and _same(s.env, env)), None)
         if alive is not None:
             return alive
         server = _SERVERS.get(key)
