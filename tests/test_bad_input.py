@@ -220,19 +220,19 @@ READ_ONLY = (("status",), ("status", "--json"), ("best",), ("best", "--json"), (
 
 @pytest.mark.parametrize("args", READ_ONLY, ids=" ".join)
 def test_a_read_only_command_on_a_study_that_does_not_exist_writes_nothing(
-    args, write_spec, sqlite_url, pg_url, tmp_path
+    args, cli, write_spec, sqlite_url, pg_url, tmp_path
 ) -> None:
     spec = str(write_spec())
-    _fails_cleanly(tuner(*args[:1], spec, "--storage", sqlite_url, *args[1:]), "does not exist", "tuner run")
+    _fails_cleanly(cli(*args[:1], spec, "--storage", sqlite_url, *args[1:]), "does not exist", "tuner run")
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()  # not even an empty file
-    _fails_cleanly(tuner(*args[:1], spec, "--storage", pg_url, *args[1:]), "does not exist", "tuner run")
+    _fails_cleanly(cli(*args[:1], spec, "--storage", pg_url, *args[1:]), "does not exist", "tuner run")
     assert _tables(pg_url) == []
     assert not (tmp_path / "report").exists()
 
 
-def test_the_dashboard_on_an_empty_storage_writes_nothing(write_spec, sqlite_url, pg_url) -> None:
+def test_the_dashboard_on_an_empty_storage_writes_nothing(cli, write_spec, sqlite_url, pg_url) -> None:
     spec = str(write_spec())
-    _fails_cleanly(tuner("dashboard", spec, "--storage", sqlite_url), "holds no study yet", "tuner run")
+    _fails_cleanly(cli("dashboard", spec, "--storage", sqlite_url), "holds no study yet", "tuner run")
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
-    _fails_cleanly(tuner("dashboard", spec, "--storage", pg_url), "holds no study yet", "tuner run")
+    _fails_cleanly(cli("dashboard", spec, "--storage", pg_url), "holds no study yet", "tuner run")
     assert _tables(pg_url) == []
