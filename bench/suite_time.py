@@ -257,13 +257,13 @@ def own_workers(tree: Path, workers: int) -> int:
     return workers if re.search(r"pytest\b.*\s-n\s", (tree / "Makefile").read_text()) else 0
 
 
-def then_and_now(old: str, rounds: int, workers: int, deselect: list[str]) -> dict[str, Any]:
-    """Commit `old`'s test command against today's on the tests that existed at `old`, alternating.
+def then_and_now(old: str, now: str, rounds: int, workers: int, deselect: list[str]) -> dict[str, Any]:
+    """Commit `old`'s test command against today's (`now`: `commit()` when the command started) on the tests that
+    existed at `old`, alternating.
 
     `deselect`: test functions left out on both sides (one that fails at `old` with today's libraries
     would count its timeout as the suite's time).
     """
-    now = commit()
     with _worktree(old) as tree:
         then_ids = [n for n in collected(tree) if function_name(n) not in deselect]
         then_names = {function_name(n) for n in then_ids}
@@ -297,10 +297,10 @@ def keep_earlier(pairs: dict[str, Any], key: str) -> None:
         pairs.setdefault(f"{key}-against-{earlier.get('now_commit', 'unknown')}", earlier)
 
 
-def whole_against(old: str, rounds: int, workers: int) -> dict[str, Any]:
-    """Commit `old`'s whole suite (its own test command, `workers` pytest-xdist workers) against today's whole suite,
-    alternating, in one sitting: the two suites as each was run, not only the tests they share."""
-    now = commit()
+def whole_against(old: str, now: str, rounds: int, workers: int) -> dict[str, Any]:
+    """Commit `old`'s whole suite (its own test command, `workers` pytest-xdist workers) against today's whole suite
+    (`now`: `commit()` when the command started), alternating, in one sitting: the two suites as each was run, not
+    only the tests they share."""
     runs: list[dict[str, Any]] = []
     with _worktree(old) as tree:
         for i in range(rounds):
@@ -358,12 +358,12 @@ def main() -> None:
     if args.against:
         name = args.against + "".join(f"-without-{t}" for t in args.deselect)
         keep_earlier(doc.setdefault("then_and_now", {}), name)
-        doc["then_and_now"][name] = then_and_now(args.against, args.rounds, args.workers[0], args.deselect)
+        doc["then_and_now"][name] = then_and_now(args.against, key, args.rounds, args.workers[0], args.deselect)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
     if args.whole_against:
         keep_earlier(doc.setdefault("whole_against", {}), args.whole_against)
         doc["whole_against"][args.whole_against] = whole = whole_against(
-            args.whole_against, args.rounds, args.workers[0]
+            args.whole_against, key, args.rounds, args.workers[0]
         )
         last_now = next(r for r in reversed(whole["runs"]) if r["label"] == "now")
         if args.workers[0] == MAKE_TEST_WORKERS:
