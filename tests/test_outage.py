@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from tests.helpers import start_tuner, trial_dir, trials, wait_for_file
 from tests.proxy import TcpProxy
 from tuner.space import canonical_route
+from tuner.study import attrs as A
 
 FAULT = "tests.backends:FaultBackend"
 
@@ -95,7 +96,8 @@ def test_an_outage_longer_than_the_grace_period_loses_nothing(
         assert len(lines) == 2 and "unreachable" in lines[0] and "back" in lines[1], lines
     ts = trials(pg_url, "tiny")
     assert not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    assert not [t for t in ts if t.user_attrs.get("failure_class") == "lost"]
+    lost = [(t.number, t.user_attrs.get(A.MESSAGE)) for t in ts if t.user_attrs.get("failure_class") == "lost"]
+    assert not lost, (lost, log[-3000:])
     assert sorted(t.number for t in ts if t.state.is_finished()) == [0, 1, 2, 3]
     # No route was built twice: one build per trial, but for a trial served from the cache (two workers that sample
     # at once may propose one route; the second is served the first one's result, not built again).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import psycopg2
@@ -22,9 +24,11 @@ from sqlalchemy.exc import OperationalError
 
 from tests.conftest import REPO, tuner
 from tests.helpers import all_rows_text, start_tuner, trials, wait_for_file
+from tests.proxy import TcpProxy
 from tuner.spec import load_spec
 from tuner.store.db import (
     MIGRATION_UNBOUNDED,
+    OUTAGE,
     SCHEMA_LOCK,
     PgTimeouts,
     _alembic_config,
@@ -110,6 +114,41 @@ def test_a_trial_whose_reaper_died_midway_is_reaped_again(worker: Worker) -> Non
     assert worker.study._storage.get_trial(tid).state == TrialState.RUNNING
     assert worker.reaper.reap() == [worker.study._storage.get_trial(tid).number]
     assert worker.study._storage.get_trial(tid).state == TrialState.FAIL
+
+
+@pytest.mark.parametrize("call", ["expired", "claim_reap"])
+def test_a_reap_that_waits_out_an_outage_reaps_no_trial_for_the_heartbeats_it_missed(
+    call: str, write_spec, pg_url, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = TcpProxy(int(re.search(r":(\d+)/", pg_url).group(1)))
+    proxy.start()
+    url = re.sub(r"@127\.0\.0\.1:\d+/", f"@127.0.0.1:{proxy.port}/", normalize_url(pg_url))
+    ctx = Context(load_spec(write_spec(**{"run.grace_s": 60.0})), url)
+    prepare(ctx)
+    worker = Worker(ctx, budget=10)
+    tid = _running_trial(worker)
+    worker.leases.take(tid, Owner("w9-alive", host="elsewhere", pid=1))  # alive: it beats once the database is back
+    _set_heartbeat(worker, tid, 3600)  # stale, as every heartbeat is when an outage ends
+    asked = getattr(worker.leases, call)
+
+    def as_the_database_goes(*args: Any, **kwargs: Any) -> Any:
+        proxy.cut()  # after the reaper looked at the running trials (and, for claim_reap, found this one lost)
+        return asked(*args, **kwargs)
+
+    noticed = OUTAGE.failed
+
+    def failed_then_back(exc: BaseException | None) -> None:
+        noticed(exc)
+        proxy.restore()  # the database returns while the call waits to try again
+
+    monkeypatch.setattr(worker.leases, call, as_the_database_goes)
+    monkeypatch.setattr(OUTAGE, "failed", failed_then_back)
+    try:
+        assert worker.reaper.reap() == []
+    finally:
+        proxy.cut()
+    assert OUTAGE.recent(60.0)  # the outage was seen, and it is over
+    assert optuna.load_study(study_name="tiny", storage=normalize_url(pg_url)).trials[-1].state == TrialState.RUNNING
 
 
 FROZEN_LEASE_HOLDER = """

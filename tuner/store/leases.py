@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, false, func, select, update
 from sqlalchemy.orm import Session
 
-from tuner.store.db import db_clock, db_epoch, get_engine, retried
+from tuner.store.db import OUTAGE, db_clock, db_epoch, get_engine, retried
 from tuner.store.models import Lease
 
 
@@ -133,7 +133,7 @@ class Leases:
 
     @retried
     def expired(
-        self, running_trial_ids: list[int], grace_s: float, deadline_s: float = math.inf, trust_heartbeats: bool = True
+        self, running_trial_ids: list[int], grace_s: float, deadline_s: float = math.inf, distrust_s: float = 0.0
     ) -> list[int]:
         """Which of the RUNNING trials have lost their owner (to be confirmed by `claim_reap`).
 
@@ -143,8 +143,8 @@ class Leases:
         is stuck). A RUNNING trial with no lease gets an ownerless one
         stamped now (database clock), so it expires `grace_s` after it was first seen. A RUNNING
         trial whose lease is already reaped lost its reaper midway (it died holding the study lock).
-        With `trust_heartbeats` off (just after a database outage, when every heartbeat is stale)
-        only dead owners (and dead reapers) count.
+        While this process sees the database away, or saw it come back less than `distrust_s` ago
+        (`heartbeats_distrusted`), every heartbeat may be stale: only dead owners (and dead reapers) count.
         """
         if not running_trial_ids:
             return []
@@ -167,25 +167,31 @@ class Leases:
                         )
                         .on_conflict_do_nothing(index_elements=["trial_id"])
                     )
-            if not trust_heartbeats:
+            if heartbeats_distrusted(distrust_s):
                 grace_s = deadline_s = math.inf
             return [tid for tid, lease in rows.items() if _lost(lease, now, grace_s, deadline_s)]
 
     @retried
-    def claim_reap(self, trial_id: int, grace_s: float, deadline_s: float = math.inf) -> Fence | None:
+    def claim_reap(
+        self, trial_id: int, grace_s: float, deadline_s: float = math.inf, distrust_s: float = 0.0
+    ) -> Fence | None:
         """Mark a lost lease reaped at the next epoch, in one conditional UPDATE; None if its owner turned out alive.
 
         Claimed only if the lease is still running and, at this moment by the database clock, its
         heartbeat is older than `grace_s`, or it began more than `deadline_s` ago, or its owner is a
-        dead process on this host (or it was reaped by a reaper that died before failing the trial).
-        Call under the study lock, after checking that the trial is still RUNNING, before failing it
-        with the returned fence: from now on the owner's writes are refused, and so are those of an
-        earlier reaper of the same lease.
+        dead process on this host (or it was reaped by a reaper that died before failing the trial);
+        heartbeats and deadlines count only where `expired` counts them (`distrust_s`). Call under the
+        study lock, after checking that the trial is still RUNNING, before failing it with the returned
+        fence: from now on the owner's writes are refused, and so are those of an earlier reaper of the
+        same lease.
         """
         with Session(self.engine) as s, s.begin():
             now = db_epoch(s)
-            stale = (Lease.heartbeat_at < now - grace_s) | (
-                func.coalesce(Lease.started_at, Lease.heartbeat_at) < now - deadline_s
+            stale = (
+                false()
+                if heartbeats_distrusted(distrust_s)
+                else (Lease.heartbeat_at < now - grace_s)
+                | (func.coalesce(Lease.started_at, Lease.heartbeat_at) < now - deadline_s)
             )
             lease = s.get(Lease, trial_id)
             if lease is not None and _dead_here(lease):
@@ -211,6 +217,14 @@ def _insert(session: Session) -> Any:
     else:
         from sqlalchemy.dialects.sqlite import insert
     return insert(Lease)
+
+
+def heartbeats_distrusted(window_s: float) -> bool:
+    """Whether this process sees the database away or saw it come back less than `window_s` ago (`OUTAGE`).
+
+    Asked once the database has answered, inside the retried call: a call that waited out an outage finds every
+    heartbeat stale (no owner could beat meanwhile), and its own retries mark the outage until it returns."""
+    return OUTAGE.recent(window_s)
 
 
 def _lost(lease: Lease, now: float, grace_s: float, deadline_s: float) -> bool:

@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import job as J
-from tuner.store.db import OUTAGE, RETRY_CAP_S, is_db_fault, study_lock
+from tuner.store.db import RETRY_CAP_S, is_db_fault, study_lock
 from tuner.store.leases import Fence, Leases
 from tuner.study import optuna_adapter as oa
 from tuner.study import outcome
@@ -46,9 +46,10 @@ class Reaper:
         running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         # Right after an outage every heartbeat is stale: trust only dead PIDs until live workers have beaten again.
         # A live worker waiting in a retried call notices the database back up to RETRY_CAP_S after this one did
-        # (its backoff; 3 s later in a real run), so the window is that beyond the grace period.
-        trust = not OUTAGE.recent(run.grace_s + RETRY_CAP_S)
-        lost = self.leases.expired([oa.trial_id(t) for t in running], run.grace_s, run.deadline_s, trust)
+        # (its backoff; 3 s later in a real run), so the window is that beyond the grace period. The leases ask
+        # when the database answers them: an outage may begin during this reap, and their calls wait it out.
+        distrust_s = run.grace_s + RETRY_CAP_S
+        lost = self.leases.expired([oa.trial_id(t) for t in running], run.grace_s, run.deadline_s, distrust_s)
         reaped = []
         if not lost:
             return reaped
@@ -57,7 +58,8 @@ class Reaper:
                 frozen = storage.get_trial(trial_id)
                 if frozen.state != TrialState.RUNNING:
                     continue
-                fence = self.leases.claim_reap(trial_id, run.grace_s, run.deadline_s)  # its owner now writes nothing
+                # its owner now writes nothing
+                fence = self.leases.claim_reap(trial_id, run.grace_s, run.deadline_s, distrust_s)
                 if fence is None:
                     continue
                 self._fail_lost(frozen, fence)
