@@ -12,6 +12,7 @@ server's reply reaches the client (the commit happened; the client only sees the
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from typing import Any
@@ -105,3 +106,11 @@ def _close(s: socket.socket) -> None:
         s.close()
     except OSError:
         pass
+
+
+def in_front_of(url: str, watch: Any = None) -> tuple[TcpProxy, str]:
+    """A started proxy in front of the database server of `url` (on 127.0.0.1), and `url` through it."""
+    port = int(re.search(r"@127\.0\.0\.1:(\d+)/", url).group(1))
+    proxy = TcpProxy(port, watch=watch)
+    proxy.start()
+    return proxy, url.replace(f"@127.0.0.1:{port}/", f"@127.0.0.1:{proxy.port}/")

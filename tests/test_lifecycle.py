@@ -297,16 +297,14 @@ def test_a_child_that_waits_too_long_for_a_lock_is_an_environment_error(
 def faulty(write_spec: SpecWriter, pg_url: str):  # noqa: ANN201
     """(worker, watch): a real worker whose database connections pass a proxy that can break them after a COMMIT."""
     from tests.pg_faults import Watch
-    from tests.proxy import TcpProxy
+    from tests.proxy import in_front_of
     from tuner.store.urls import normalize_url
     from tuner.study.setup import prepare
     from tuner.worker.loop import Worker
 
     watch = Watch()
-    proxy = TcpProxy(5432, watch=watch)
-    proxy.start()
-    url = normalize_url(pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"))
-    ctx = Context(load_spec(write_spec(**{"run.grace_s": 60.0})), url)
+    proxy, url = in_front_of(pg_url, watch)
+    ctx = Context(load_spec(write_spec(**{"run.grace_s": 60.0})), normalize_url(url))
     prepare(ctx)
     yield Worker(ctx, budget=10), watch
     proxy.cut()

@@ -5,7 +5,6 @@ results and record them when the database returns; nothing is reaped, lost, or b
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -13,15 +12,11 @@ import psycopg2
 from optuna.trial import TrialState
 
 from tests.helpers import start_tuner, trial_dir, trials, wait_for_file
-from tests.proxy import TcpProxy
+from tests.proxy import in_front_of
 from tuner.space import canonical_route
 from tuner.study import attrs as A
 
 FAULT = "tests.backends:FaultBackend"
-
-
-def _through(proxy: TcpProxy, url: str) -> str:
-    return re.sub(r"@127\.0\.0\.1:\d+/", f"@127.0.0.1:{proxy.port}/", url)
 
 
 def _wait_for_stale_leases(url: str, count: int, older_than_s: float) -> None:
@@ -59,9 +54,7 @@ def _wait_for_final_result(path: Path, limit_s: float = 120) -> None:
 def test_an_outage_longer_than_the_grace_period_loses_nothing(
     write_spec, pg_url, tmp_path: Path, own_timing_locks: Path
 ) -> None:
-    proxy = TcpProxy(int(re.search(r":(\d+)/", pg_url).group(1)))
-    proxy.start()
-    url = _through(proxy, pg_url)
+    proxy, url = in_front_of(pg_url)
     markers = tmp_path / "markers"
     grace = 3.0
     spec = write_spec(

@@ -6,7 +6,7 @@ import psycopg2
 import pytest
 
 from tests.pg_faults import Watch
-from tests.proxy import TcpProxy
+from tests.proxy import in_front_of
 
 
 def test_a_commit_of_an_armed_step_is_done_but_its_reply_never_arrives(pg_url: str) -> None:
@@ -15,9 +15,7 @@ def test_a_commit_of_an_armed_step_is_done_but_its_reply_never_arrives(pg_url: s
     with direct.cursor() as cur:
         cur.execute("CREATE TABLE tuner_results (key text PRIMARY KEY)")
     watch = Watch()
-    proxy = TcpProxy(5432, watch=watch)
-    proxy.start()
-    through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    proxy, through = in_front_of(pg_url, watch)
     try:
         conn = psycopg2.connect(through)
         with conn.cursor() as cur:

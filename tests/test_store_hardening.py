@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,7 +23,7 @@ from sqlalchemy.exc import OperationalError
 
 from tests.conftest import REPO, tuner
 from tests.helpers import all_rows_text, start_tuner, trials, wait_for_file
-from tests.proxy import TcpProxy
+from tests.proxy import in_front_of
 from tuner.spec import load_spec
 from tuner.store.db import (
     MIGRATION_UNBOUNDED,
@@ -120,10 +119,8 @@ def test_a_trial_whose_reaper_died_midway_is_reaped_again(worker: Worker) -> Non
 def test_a_reap_that_waits_out_an_outage_reaps_no_trial_for_the_heartbeats_it_missed(
     call: str, write_spec, pg_url, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proxy = TcpProxy(int(re.search(r":(\d+)/", pg_url).group(1)))
-    proxy.start()
-    url = re.sub(r"@127\.0\.0\.1:\d+/", f"@127.0.0.1:{proxy.port}/", normalize_url(pg_url))
-    ctx = Context(load_spec(write_spec(**{"run.grace_s": 60.0})), url)
+    proxy, url = in_front_of(pg_url)
+    ctx = Context(load_spec(write_spec(**{"run.grace_s": 60.0})), normalize_url(url))
     prepare(ctx)
     worker = Worker(ctx, budget=10)
     tid = _running_trial(worker)

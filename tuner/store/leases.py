@@ -144,7 +144,7 @@ class Leases:
         stamped now (database clock), so it expires `grace_s` after it was first seen. A RUNNING
         trial whose lease is already reaped lost its reaper midway (it died holding the study lock).
         While this process sees the database away, or saw it come back less than `distrust_s` ago
-        (`heartbeats_distrusted`), every heartbeat may be stale: only dead owners (and dead reapers) count.
+        (`_heartbeats_distrusted`), every heartbeat may be stale: only dead owners (and dead reapers) count.
         """
         if not running_trial_ids:
             return []
@@ -167,7 +167,7 @@ class Leases:
                         )
                         .on_conflict_do_nothing(index_elements=["trial_id"])
                     )
-            if heartbeats_distrusted(distrust_s):
+            if _heartbeats_distrusted(distrust_s):
                 grace_s = deadline_s = math.inf
             return [tid for tid, lease in rows.items() if _lost(lease, now, grace_s, deadline_s)]
 
@@ -189,7 +189,7 @@ class Leases:
             now = db_epoch(s)
             stale = (
                 false()
-                if heartbeats_distrusted(distrust_s)
+                if _heartbeats_distrusted(distrust_s)
                 else (Lease.heartbeat_at < now - grace_s)
                 | (func.coalesce(Lease.started_at, Lease.heartbeat_at) < now - deadline_s)
             )
@@ -219,7 +219,7 @@ def _insert(session: Session) -> Any:
     return insert(Lease)
 
 
-def heartbeats_distrusted(window_s: float) -> bool:
+def _heartbeats_distrusted(window_s: float) -> bool:
     """Whether this process sees the database away or saw it come back less than `window_s` ago (`OUTAGE`).
 
     Asked once the database has answered, inside the retried call: a call that waited out an outage finds every
