@@ -50,7 +50,7 @@ def study_file(scenario: str, folder: Path, device: str = "cpu", precisions: Seq
     are `precisions` (the scenario's own by default) each with freezing off and on, its budget one trial a route."""
     folder.mkdir(parents=True)
     if scenario == "mlp":
-        from tests.test_inductor import mlp_onnx
+        from tests.models import mlp_onnx
 
         model: dict[str, Any] = {"path": str(mlp_onnx(folder / "mlp.onnx"))}
         data: dict[str, Any] = {"samples": 4, "gate_samples": 2}

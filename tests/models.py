@@ -148,3 +148,50 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+MLP_SHAPE = (2, 16)  # the MLP's input x (`mlp_onnx`)
+
+
+def mlp_weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The MLP's weights (`mlp_onnx`), from a seeded generator: w1 [18,32], b1 [32], w2 [32,4]."""
+    rng = np.random.default_rng(0)
+    return (
+        rng.normal(0, 0.3, (18, 32)).astype(np.float32),
+        rng.normal(0, 0.1, (32,)).astype(np.float32),
+        rng.normal(0, 0.3, (32, 4)).astype(np.float32),
+    )
+
+
+def mlp_onnx(path: Path, batch: int | str = MLP_SHAPE[0]) -> Path:
+    """x [2,16] -> Pad(1, 1) -> MatMul -> Add -> Relu -> MatMul -> Reshape(constant [-1, 4]) -> y [2,4].
+
+    Pad and Reshape take their pads and shape as tensors, as exported CNNs do (EfficientNet's same
+    padding, the flatten before the classifier); onnx2torch's modules for them break or fail Dynamo
+    tracing until the backend makes them static. `batch` names dimension 0 (e.g. "batch": dynamic).
+    """
+    w1, b1, w2 = mlp_weights()
+    graph = helper.make_graph(
+        [
+            helper.make_node("Pad", ["x", "pads"], ["p"]),
+            helper.make_node("MatMul", ["p", "w1"], ["h"]),
+            helper.make_node("Add", ["h", "b1"], ["a"]),
+            helper.make_node("Relu", ["a"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["m"]),
+            helper.make_node("Reshape", ["m", "shape"], ["y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, MLP_SHAPE[1]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])],
+        [
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(b1, "b1"),
+            numpy_helper.from_array(w2, "w2"),
+            numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape"),
+            numpy_helper.from_array(np.array([0, 1, 0, 1], dtype=np.int64), "pads"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import optuna
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import REPO, SpecWriter, tuner
 from tests.helpers import trial_dir
+from tests.models import MLP_SHAPE as SHAPE
+from tests.models import mlp_onnx, mlp_weights
 from tuner import job as J
 from tuner.backends import get_backend
 from tuner.backends.base import Artifact, BuildContext, BuildError, ModelInfo
@@ -40,7 +40,6 @@ from tuner.worker.isolate import run_isolated
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed (pip install 'route-tuner[inductor]')")
-SHAPE = (2, 16)
 BATCHES = (1, 2)  # the served batch sizes of the two-shape tests (SHAPE's batch among them)
 FIXED = {  # a space of one route: every switch of the CPU space at one value
     "mode": ["default"],
@@ -53,54 +52,11 @@ FIXED = {  # a space of one route: every switch of the CPU space at one value
 }
 
 
-def _weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return (
-        rng.normal(0, 0.3, (18, 32)).astype(np.float32),
-        rng.normal(0, 0.1, (32,)).astype(np.float32),
-        rng.normal(0, 0.3, (32, 4)).astype(np.float32),
-    )
-
-
-def mlp_onnx(path: Path, batch: int | str = SHAPE[0]) -> Path:
-    """x [2,16] -> Pad(1, 1) -> MatMul -> Add -> Relu -> MatMul -> Reshape(constant [-1, 4]) -> y [2,4].
-
-    Pad and Reshape take their pads and shape as tensors, as exported CNNs do (EfficientNet's same
-    padding, the flatten before the classifier); onnx2torch's modules for them break or fail Dynamo
-    tracing until the backend makes them static. `batch` names dimension 0 (e.g. "batch": dynamic).
-    """
-    w1, b1, w2 = _weights()
-    graph = helper.make_graph(
-        [
-            helper.make_node("Pad", ["x", "pads"], ["p"]),
-            helper.make_node("MatMul", ["p", "w1"], ["h"]),
-            helper.make_node("Add", ["h", "b1"], ["a"]),
-            helper.make_node("Relu", ["a"], ["r"]),
-            helper.make_node("MatMul", ["r", "w2"], ["m"]),
-            helper.make_node("Reshape", ["m", "shape"], ["y"]),
-        ],
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, SHAPE[1]])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])],
-        [
-            numpy_helper.from_array(w1, "w1"),
-            numpy_helper.from_array(b1, "b1"),
-            numpy_helper.from_array(w2, "w2"),
-            numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape"),
-            numpy_helper.from_array(np.array([0, 1, 0, 1], dtype=np.int64), "pads"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
 def mlp_module() -> tuple[Any, tuple[Any, ...]]:
     """The same MLP as a torch module (the `backend.options.module` entry point of these tests)."""
     import torch
 
-    w1, b1, w2 = _weights()
+    w1, b1, w2 = mlp_weights()
     first, second = torch.nn.Linear(18, 32), torch.nn.Linear(32, 4, bias=False)
     with torch.no_grad():
         first.weight.copy_(torch.from_numpy(w1.T))
