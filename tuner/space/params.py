@@ -196,9 +196,14 @@ def _normalise(value: Value, choices: Sequence[Value]) -> Value:
     return next(c for c in choices if _same(value, c))
 
 
+# One encoder for every call: `json.dumps` with options builds a new one each time (a local search keys its
+# neighbourhoods' tens of thousands of routes by this)
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def canonical_route(route: Mapping[str, Value]) -> str:
     """The route as canonical JSON (sorted keys): equal routes give equal strings."""
-    return json.dumps(dict(route), sort_keys=True, separators=(",", ":"))
+    return _CANONICAL_JSON.encode(dict(route))
 
 
 def route_hash(route: Mapping[str, Value]) -> str:
