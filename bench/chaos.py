@@ -55,6 +55,7 @@ import psycopg2.errors
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.machine import commit  # noqa: E402
 from tests.helpers import proc_stat, running  # noqa: E402
 from tests.models import conv_model  # noqa: E402
 from tests.pg_faults import Watch  # noqa: E402
@@ -1079,9 +1080,7 @@ def main() -> None:
         row["waste"]["fault_free_wall_s"] = reference["wall_s"]
         row["waste"]["time_vs_fault_free"] = round(row["wall_s"] / reference["wall_s"], 2)
     row["machine_before"], row["machine_after"] = before, machine_state()
-    row["commit"] = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+    row["commit"] = commit()
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "chaos", "seeds": []}
     doc["seeds"] = [s for s in doc["seeds"] if s["seed"] != args.seed] + [row]
     doc["seeds"].sort(key=lambda s: s["seed"])

@@ -17,6 +17,7 @@ close together), one `tuner run` command runs a fresh study of `--trials` trials
 - the database's share: transactions committed in the study's own (fresh) database and WAL flushes
   of the whole cluster during the run (`pg_stat_database`, `pg_stat_wal`), per trial, the command's
   start and end included (a read-only transaction is a round trip; a flush waits for the disk).
+The file names the commit and the machine (CPU model, platform) it was measured at.
 Writes bench/results/scaling.json. Usage:
     python bench/scaling.py [--pg postgresql://postgres@127.0.0.1/postgres] [--reps 3] [--idle-build] [--block-s 0.005]
 """
@@ -43,6 +44,7 @@ from optuna.trial import FrozenTrial
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.machine import commit, describe  # noqa: E402
 from tests.models import conv_model  # noqa: E402
 from tuner.spec.toml import dumps  # noqa: E402
 from tuner.store.urls import normalize_url  # noqa: E402
@@ -280,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = []
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    code, machine = commit(), describe()  # before the runs: the load average is then the machine's own
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         conv_model(tmp / "tiny.onnx")
@@ -317,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         "trials_per_run": args.trials,
         "reps": args.reps,
         "cores": os.cpu_count(),
+        "commit": code,
+        "machine": machine,
         "method": __doc__.split("\n\n")[1].strip(),
         "rows": summarise(runs),
         "runs": runs,

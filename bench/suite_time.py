@@ -38,7 +38,6 @@ import ctypes
 import ctypes.util
 import json
 import os
-import platform
 import re
 import resource
 import statistics
@@ -54,6 +53,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.machine import commit  # noqa: E402
+from bench.machine import describe as machine  # noqa: E402
 from bench.wheels import download  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "test-suite.json"
@@ -68,30 +69,6 @@ t0 = time.perf_counter()
 preparation.prepare(Path(sys.argv[1]), "key", Path(sys.argv[2]), lambda line: None)
 print(time.perf_counter() - t0, "torch" in sys.modules)
 """
-
-
-def machine() -> dict[str, Any]:
-    """What the figures were measured on (machines of one kind differ in their CPU model: it is named)."""
-    from tuner.backends.device import cpu_fingerprint
-
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": cpu_fingerprint()["cpu"],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "loadavg": list(os.getloadavg()),
-    }
-
-
-def commit() -> str:
-    """The checked-out commit, marked `+dirty` when the tree has changes."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-    return head + ("+dirty" if dirty else "")
 
 
 def _unpacked_ml_dtypes(version: str, into: Path) -> Path:
