@@ -95,7 +95,15 @@ class LoggedFixedCostBackend(FixedCostBackend):
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         record = Path(str(BUILD_LOG.get(ctx.model.options))) / f"{time.time_ns()}-{os.getpid()}.json"
         entry: dict[str, Any] = {"route": dict(route), "pid": os.getpid(), "start": time.time()}
-        record.write_text(json.dumps(entry))
+        _write_whole(record, entry)
         artifact = super().build(route, ctx)
-        record.write_text(json.dumps({**entry, "end": time.time()}))
+        _write_whole(record, {**entry, "end": time.time()})
         return artifact
+
+
+def _write_whole(record: Path, entry: Mapping[str, Any]) -> None:
+    """Write `entry` as `record` whole or not at all: a build killed while it writes leaves its earlier record (or
+    none, and a `.tmp` file beside it), never an empty or half-written one."""
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entry))
+    tmp.replace(record)
