@@ -103,7 +103,10 @@ class LoggedFixedCostBackend(FixedCostBackend):
 
 def _write_whole(record: Path, entry: Mapping[str, Any]) -> None:
     """Write `entry` as `record` whole or not at all: a build killed while it writes leaves its earlier record (or
-    none, and a `.tmp` file beside it), never an empty or half-written one."""
+    none, and a `.tmp` file beside it), never an empty or half-written one.
+
+    Not `tuner.files.atomic_write`: its temporary file keeps the `.json` suffix, so one left by a SIGKILL would be
+    read as a record by bench/chaos.py, and its fsyncs would add disk waits to every build of the chaos study."""
     tmp = record.with_suffix(".tmp")
     tmp.write_text(json.dumps(entry))
     tmp.replace(record)

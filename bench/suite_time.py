@@ -53,8 +53,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.machine import commit  # noqa: E402
-from bench.machine import describe as machine  # noqa: E402
+from bench.machine import commit, describe  # noqa: E402
 from bench.wheels import download  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "test-suite.json"
@@ -145,7 +144,7 @@ def pytest_command(workers: int) -> list[str]:
 
 def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_name: str = "") -> dict[str, Any]:
     """One run of the test command with `workers` workers in `cwd`, on `tests` (node ids) or on all of them."""
-    before = machine()
+    before = describe()
     cmd = pytest_command(workers)
     start = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
@@ -168,7 +167,7 @@ def suite(workers: int, tests: list[str] | None = None, cwd: Path = REPO, log_na
         "summary": summary[-1].strip("= ") if summary else stdout[-500:],
         "failed": [line.split()[1] for line in stdout.splitlines() if line.startswith("FAILED ")],
         "before": before,
-        "after": machine(),
+        "after": describe(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
 
@@ -349,7 +348,7 @@ def main() -> None:
     if not args.skip_startup:
         doc["startup"] = {
             "commit": key,
-            "machine": machine(),
+            "machine": describe(),
             "repeats": args.repeats,
             "figures": startup(args.repeats),
         }
