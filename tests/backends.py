@@ -39,11 +39,11 @@ def _worker() -> int:
     return int(os.environ.get(STARTER_ENV) or os.getppid())
 
 
-def _block(marker_dir: Path, index: int) -> None:
-    """Announce `blocked-<index>` (with the worker's pid) and wait for `release`, or for the worker to die."""
+def _block(marker_dir: Path, key: str) -> None:
+    """Announce `blocked-<key>` (with the worker's pid) and wait for `release`, or for the worker to die."""
     parent = os.getppid()
-    (marker_dir / f"blocked-{index}.tmp").write_text(str(_worker()))
-    (marker_dir / f"blocked-{index}.tmp").replace(marker_dir / f"blocked-{index}")
+    (marker_dir / f"blocked-{key}.tmp").write_text(str(_worker()))
+    (marker_dir / f"blocked-{key}.tmp").replace(marker_dir / f"blocked-{key}")
     while not (marker_dir / "release").exists():
         if os.getppid() != parent:  # the worker was killed: this orphan must not linger
             os._exit(3)
@@ -61,9 +61,11 @@ class FaultBackend(OnnxRuntimeBackend):
 
     backend.options:
       marker_dir: where builds are counted (`build-NNNN` files) and blocks are announced;
-      faults: a table {build index (as a string): "segfault" | "hang" | "block" | "error" |
+      faults: a table {build index (as a string), or "default" (the first build of the default route: the
+        baseline trial's, whichever worker's child builds first):
+        "segfault" | "hang" | "block" | "error" |
         "errno-NAME" (an OSError with that errno, e.g. "errno-ENOSPC", "errno-EIO") |
-        "orphan" (announce `orphan-<index>` with the pids, then hang without watching the worker) |
+        "orphan" (announce `orphan-<key>` with the pids, then hang without watching the worker) |
         "outside" (report an artifact outside the out dir)}.
     """
 
@@ -77,29 +79,42 @@ class FaultBackend(OnnxRuntimeBackend):
     def build(self, route: Route, ctx: BuildContext) -> Artifact:
         marker_dir = Path(str(ctx.model.options["marker_dir"]))
         index = _next_build(marker_dir)
-        fault = dict(ctx.model.options.get("faults", {})).get(str(index))
+        faults = dict(ctx.model.options.get("faults", {}))
+        first_default = "default" in faults and self._first_default(route, ctx)
+        key = str(index) if str(index) in faults else "default" if first_default else ""
+        fault = faults.get(key)
         if fault == "segfault":
             os.kill(os.getpid(), signal.SIGSEGV)
         elif fault == "hang":
             while True:
                 time.sleep(1)
         elif fault == "block":
-            _block(marker_dir, index)
+            _block(marker_dir, key)
         elif fault == "error":
             raise RuntimeError("scripted build failure")
         elif fault and fault.startswith("errno-"):
             code = getattr(errno, fault.removeprefix("errno-"))
             raise OSError(code, os.strerror(code), str(ctx.out_dir))
         elif fault == "orphan":
-            _announce(marker_dir, f"orphan-{index}")
+            _announce(marker_dir, f"orphan-{key}")
             while True:
                 time.sleep(1)
         artifact = super().build(route, ctx)
         if fault == "outside":
-            outside = marker_dir / f"outside-{index}{artifact.path.suffix}"
+            outside = marker_dir / f"outside-{key}{artifact.path.suffix}"
             shutil.copyfile(artifact.path, outside)
             return replace(artifact, path=outside)
         return artifact
+
+    def _first_default(self, route: Route, ctx: BuildContext) -> bool:
+        """Whether this is the first build of the space's default route (counted across processes)."""
+        if dict(route) != self.space(ctx.model).default_route():
+            return False
+        try:
+            os.close(os.open(Path(str(ctx.model.options["marker_dir"])) / "default", os.O_CREAT | os.O_EXCL))
+            return True
+        except FileExistsError:
+            return False
 
 
 class OtherHostBackend(OnnxRuntimeBackend):

@@ -19,14 +19,14 @@ def test_sigkilled_worker_trial_is_requeued_and_budget_is_exact(cli, write_spec,
     spec = write_spec(
         **{
             "backend.name": FAULT,
-            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
+            "backend.options": {"marker_dir": str(markers), "faults": {"default": "block"}},
             "run.budget": 6,
             "run.workers": 2,
         }
     )
     proc = start_tuner("run", str(spec), "--no-confirm", "--no-confirm", "--storage", pg_url, log=tmp_path / "run1.log")
-    wait_for_file(markers / "blocked-0", proc)
-    worker_pid = int((markers / "blocked-0").read_text())
+    wait_for_file(markers / "blocked-default", proc)
+    worker_pid = int((markers / "blocked-default").read_text())
     os.kill(worker_pid, signal.SIGKILL)  # mid-build: the trial's child is blocked inside build()
     proc.wait(timeout=300)
     assert proc.returncode != 0  # the run reports that a worker died

@@ -281,7 +281,7 @@ def test_a_run_whose_workers_all_died_exits_3(write_spec, pg_url, tmp_path: Path
     )
     proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log")
     try:
-        wait_for_file(markers / "blocked-0", proc)  # one worker builds the baseline, the other waits for it
+        wait_for_file(markers / "blocked-0", proc)  # a trial's child blocks in its build
         deadline = time.monotonic() + 60.0
         while len(workers := worker_processes(tmp_path)) < 2:  # the pool starts its workers one after the other
             assert time.monotonic() < deadline, f"the run's 2 workers not found: {workers}"

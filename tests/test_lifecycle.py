@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
+from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.orm import Session
 
 from tests.conftest import REPO, SpecWriter
-from tests.helpers import start_tuner, stuck_run, trials, wait_for_file
+from tests.helpers import proc_stat, start_tuner, stuck_run, trial_dir, trials, wait_for_file
 from tuner import job as J
 from tuner.measure.exclusive import HOST, DeviceLock, LockWaitExpired, private_dir, waited
 from tuner.spec import load_spec
@@ -80,7 +81,7 @@ def _run_with_blocked_baseline(
     spec = write_spec(
         **{
             "backend.name": FAULT,
-            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
+            "backend.options": {"marker_dir": str(markers), "faults": {"default": "block"}},
             "run.budget": budget,
             "run.workers": 2,
             "run.heartbeat_s": 0.5,
@@ -96,8 +97,8 @@ def test_a_stopped_baseline_worker_is_reaped_and_the_study_ends_at_its_budget(
 ) -> None:
     proc, markers = _run_with_blocked_baseline(write_spec, pg_url, tmp_path, budget=4)
     try:
-        wait_for_file(markers / "blocked-0", proc)
-        stopped = int((markers / "blocked-0").read_text())  # the worker of trial 0, the baseline, mid-build
+        wait_for_file(markers / "blocked-default", proc)
+        stopped = int((markers / "blocked-default").read_text())  # the worker of trial 0, the baseline, mid-build
         os.kill(stopped, signal.SIGSTOP)
         (markers / "release").touch()  # its child goes on (it is not stopped), finishes and exits; its result waits
         # The other worker reaps the baseline, re-runs it and spends the whole budget while the first is frozen.
@@ -142,41 +143,95 @@ def _leased(pg_url: str) -> dict[int, int]:
     return {int(number): int(pid) for number, pid in rows}
 
 
+def test_a_trial_started_while_the_baseline_runs_builds_meanwhile_and_is_timed_against_it(
+    write_spec: SpecWriter, pg_url: str, tmp_path: Path, own_timing_locks: Path
+) -> None:
+    # The baseline's build blocks until released. The other worker's trial (the recommended int8 route) does not wait
+    # for it to start: its child builds, loads and gates meanwhile, then waits for the baseline's engine holding no
+    # lock (the baseline's timing, exclusive, would otherwise wait for it) and is timed against it.
+    proc, markers = _run_with_blocked_baseline(write_spec, pg_url, tmp_path, budget=2)
+    run = (pg_url, tmp_path / "run.log")
+    try:
+        wait_for_file(markers / "blocked-default", proc)
+
+        def phase_of_trial_1() -> str | None:
+            if 1 not in _leased(pg_url):
+                return None
+            result = trial_dir(pg_url, "tiny", tmp_path / ".tuner" / "tiny", 1) / "result.json"
+            return json.loads(result.read_text()).get("phase") if result.exists() else None
+
+        assert _until(lambda: phase_of_trial_1() == "baseline-wait", "trial 1's child waiting", proc=proc, run=run)
+        assert len(list(markers.glob("build-*"))) == 2  # both routes built, the baseline's blocked inside it
+    finally:
+        (markers / "release").touch()
+    assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    ts = sorted(trials(pg_url, "tiny"), key=lambda t: t.number)
+    base, late = ts[0].user_attrs, ts[1].user_attrs
+    assert len(ts) == 2 and ts[0].state == TrialState.COMPLETE, [t.user_attrs.get("message") for t in ts]
+    assert late.get("failure_class", "") in ("", "slow"), late.get("message")  # timed (int8 may lose to fp32 here)
+    assert base["source"] == "baseline" and base["timing"]["exclusive"] is True
+    assert late["paired"] and late["timing"]["baseline_trial"] == 0, late.get("unpaired")
+    assert late["timing"]["baseline_wait_s"] > 0 and late["phase_s"]["baseline-wait"] > 0
+
+
+# Loaded into every process of the run: a worker stops itself (SIGSTOP) as it writes trial 1's job, just before it
+# takes the start-up hold and starts the trial's child.
+STOP_BEFORE_THE_CHILD = """
+import os, signal, sys
+
+def _hook(event, args):
+    if event == "open" and str(args[0]).endswith("00001/job.json") and "w" in str(args[1]):
+        if b"tuner.worker.main" in open("/proc/self/cmdline", "rb").read():
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+sys.addaudithook(_hook)
+"""
+
+
 def test_a_worker_whose_trial_was_reaped_before_its_child_started_starts_none(
     write_spec: SpecWriter, pg_url: str, tmp_path: Path, own_timing_locks: Path
 ) -> None:
-    # Worker B reserves trial 1, samples its route and waits for the baseline, which worker A builds (blocked).
-    # B is stopped there; A reaps trial 1 and re-queues its route. Once B goes on, starting a child for the reaped
-    # trial would build the route a second time, beside its re-queued run.
-    proc, markers = _run_with_blocked_baseline(write_spec, pg_url, tmp_path, budget=3)
+    # The worker of trial 1 stops as it is about to start its child; the other reaps trial 1 and re-queues its route.
+    # Once the stopped one goes on, starting a child for the reaped trial would build the route a second time,
+    # beside its re-queued run.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(STOP_BEFORE_THE_CHILD)
+    markers = tmp_path / "markers"
+    spec = write_spec(
+        **{
+            "backend.name": FAULT,
+            "backend.options": {"marker_dir": str(markers)},
+            "run.budget": 3,
+            "run.workers": 2,
+            "run.heartbeat_s": 0.5,
+            "run.grace_s": 4.0,
+            "run.sampler": "random",
+        }
+    )
+    env = {"PYTHONPATH": f"{site}:{REPO}"}
+    proc = start_tuner("run", str(spec), "--no-confirm", "--storage", pg_url, log=tmp_path / "run.log", env=env)
     stopped = None
+    run = (pg_url, tmp_path / "run.log")
     try:
-        wait_for_file(markers / "blocked-0", proc)
-        builder = int((markers / "blocked-0").read_text())
 
-        def waiting() -> int | None:  # B's pid, once its trial has a route (sampled: it now waits for the baseline)
-            sampled = {t.number for t in trials(pg_url, "tiny") if t.params}
-            return next((pid for n, pid in _leased(pg_url).items() if n != 0 and n in sampled), None)
+        def stopped_worker() -> int | None:  # trial 1's worker, once it has stopped itself
+            try:
+                pid = _leased(pg_url).get(1)
+            except ProgrammingError:  # the run has not created its tables yet
+                return None
+            return pid if pid is not None and proc_stat(pid)[0] == "T" else None
 
-        stopped = _until(
-            waiting,
-            "the second worker's trial sampled",
-            proc=proc,
-            run=(pg_url, tmp_path / "run.log"),
-        )
-        assert stopped != builder
-        os.kill(stopped, signal.SIGSTOP)
+        stopped = _until(stopped_worker, "trial 1's worker stopped before its child", proc=proc, run=run)
         _until(
             lambda: [t for t in trials(pg_url, "tiny") if t.user_attrs.get("failure_class") == "lost"],
             "the stopped worker's trial reaped",
             proc=proc,
-            run=(pg_url, tmp_path / "run.log"),
+            run=run,
         )
-        (markers / "release").touch()
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
-        (markers / "release").touch()
     assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
     ts = trials(pg_url, "tiny")
     assert len(_counted(ts)) == 3

@@ -60,7 +60,7 @@ def test_an_outage_longer_than_the_grace_period_loses_nothing(
     spec = write_spec(
         **{
             "backend.name": FAULT,
-            "backend.options": {"marker_dir": str(markers), "faults": {"0": "block"}},
+            "backend.options": {"marker_dir": str(markers), "faults": {"default": "block"}},
             "run.budget": 4,
             "run.workers": 2,
             "run.heartbeat_s": 0.5,
@@ -69,7 +69,7 @@ def test_an_outage_longer_than_the_grace_period_loses_nothing(
     )
     proc = start_tuner("run", str(spec), "--no-confirm", "--storage", url, log=tmp_path / "run.log")
     try:
-        wait_for_file(markers / "blocked-0", proc)  # the baseline's worker is inside its build ...
+        wait_for_file(markers / "blocked-default", proc)  # the baseline's worker is inside its build ...
         _wait_for_stale_leases(pg_url, 2, -1.0)  # ... and the other holds trial 1, waiting for the baseline
         proxy.cut()
         _wait_for_stale_leases(pg_url, 2, grace + 1.0)  # every heartbeat is now past the grace period

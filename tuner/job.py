@@ -121,8 +121,13 @@ class Job:
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     role: str = "candidate"  # "baseline": the study's default route, measured alone (its speedup is 1)
     baseline: dict[str, Any] | None = None  # the baseline engine to pair with: {"trial", "path", "sha256", "route"}
-    baseline_wait_s: float = 0.0  # how long the worker waited for the baseline trial before starting the child
+    baseline_wait_s: float = 0.0  # how long the trial waited for the baseline trial to finish before its timing
     unpaired: str = ""  # why there is no baseline to pair with, when the worker knows (tuner.worker.pairing)
+    # Started while the baseline trial ran: the pairing fields (role, baseline, incumbent, ...) come later, written
+    # to this file by the worker; the child waits for them before its timing, at most `pairing_wait_s`
+    # (tuner.worker.handover). Empty: the job carries its pairing.
+    pairing_path: str = ""
+    pairing_wait_s: float = 0.0
     # The engines trade places: `route` is the default's and `baseline` the candidate's engine. The child loads and
     # gates the route's engine as always but times `baseline` as the candidate, so what the route's own loading path
     # gives its engine goes to the default; the confirmation alternates this (tuner.worker.timing).

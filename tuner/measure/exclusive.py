@@ -31,7 +31,8 @@ Waits are bounded where the caller says so (`wait_s`): a lock not had by then ra
 does a wait whose caller's `stop` event is set (a worker told to stop records its trial in flight at once,
 not after another process's build and the timing queued behind it). A
 process that reports its waits (`report_waits`) writes how long it has waited so far to a small file,
-so its worker can keep waits out of the trial's deadline (`tuner.worker.isolate`).
+so its worker can keep waits out of the trial's deadline (`tuner.worker.isolate`); a wait for something
+other than a lock that is not the route's time either is reported the same way (`reported_wait`).
 """
 
 from __future__ import annotations
@@ -96,12 +97,13 @@ class LockWaitExpired(TimeoutError):
 
 
 class _WaitLog:
-    """This process's lock waits: their total, the most allowed in all, and the file they are reported to
+    """This process's waits: their total, the most allowed for locks in all, and the file they are reported to
     ({"waited_s": total so far, "since": monotonic start of the wait going on, or null})."""
 
     def __init__(self) -> None:
         self.path: Path | None = None
-        self.waited_s = 0.0
+        self.waited_s = 0.0  # for locks
+        self.other_s = 0.0  # for anything else that is not the route's time (`reported_wait`)
         self.limit_s: float | None = None  # the most this process waits for locks in all (None: no bound)
 
     def allowance(self, wait_s: float | None) -> float | None:
@@ -114,7 +116,7 @@ class _WaitLog:
             return
         with contextlib.suppress(OSError):  # a report that cannot be written only shortens the deadline's allowance
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"waited_s": self.waited_s, "since": since}))
+            tmp.write_text(json.dumps({"waited_s": self.waited_s + self.other_s, "since": since}))
             tmp.replace(self.path)
 
 
@@ -127,8 +129,22 @@ def report_waits(path: Path, limit_s: float | None) -> None:
     WAITS.write(None)
 
 
+@contextlib.contextmanager
+def reported_wait() -> Iterator[None]:
+    """A wait of this process that is neither the route's time nor a lock's (a trial's child waiting for the
+    baseline's engine): reported as waits are, so its worker's deadline moves, but not counted in the lock limit."""
+    start = time.monotonic()
+    WAITS.write(start)
+    try:
+        yield
+    finally:
+        WAITS.other_s += time.monotonic() - start
+        WAITS.write(None)
+
+
 def waited(path: Path, now: float) -> float:
-    """Seconds the process reporting to `path` has spent waiting for locks up to monotonic time `now`."""
+    """Seconds the process reporting to `path` has spent waiting (for locks, or `reported_wait`) up to monotonic
+    time `now`."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -1,5 +1,8 @@
 """The trial's child process: build -> load -> quick accuracy gate -> timing -> full accuracy.
 
+A child started while the study's baseline trial still runs waits for the baseline's engine between
+its gate and its timing (`tuner.worker.handover`).
+
 Run as `python -m tuner.worker.child JOB.json RESULT.json`, or forked from a server started as
 `python -m tuner.worker.child --serve FD MODULE...` (`tuner.worker.forkserver`). Whatever happens inside (a segfault in
 a native compiler, a hang, an out-of-memory kill) ends this process only; the worker classifies it.
@@ -40,6 +43,7 @@ from tuner.measure.reference import load_reference
 from tuner.measure.user_metric import MetricError
 from tuner.spec.shapes import shape_label
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
+from tuner.worker.handover import await_pairing
 from tuner.worker.lifeline import die_with_parent
 from tuner.worker.timing import GPU_CLOCKS, TimedShape, time_trial
 
@@ -240,6 +244,9 @@ def run_trial(t: Trial, startup_hold: int | None = None) -> J.Result:
                 gate_out = gate_phase(t, runner)
             res.peak_memory_mb, res.memory_kind = memory.peak(runner.timing_info().get("clock") in GPU_CLOCKS)
             if gate_out is not None:
+                if t.job.pairing_path:  # started while the baseline trial ran: its engine is handed over now
+                    t.enter("baseline-wait")
+                    t.job = await_pairing(t.job)
                 time_phase(t, runner)
                 if res.status != J.SLOW:
                     with cores.shared():

@@ -8,7 +8,8 @@ Cheapest first:
 3. a result cached under the route's content key (model, data, backend and its version, environment,
    route, options, measurement settings) is reused, unless it is a gate failure this tolerance passes;
 4. otherwise a fresh child builds, checks and times it (`tuner.worker.isolate`), paired with the
-   baseline (`tuner.worker.pairing`), the worker reaping meanwhile (`tuner.worker.reap.reaping`). An
+   baseline (`tuner.worker.pairing`; handed over while the child runs where the baseline trial is
+   still running), the worker reaping meanwhile (`tuner.worker.reap.reaping`). An
    environment error runs the child again (`ENV_ATTEMPTS` runs in all, backing off); the artifact it
    built is kept (`tuner.worker.artifacts`) and its log goes to Optuna's artifact store. What the child
    found about the route itself (a deterministic status) is stored, the cache row and the measurement
@@ -23,6 +24,7 @@ import math
 import shutil
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -125,16 +127,20 @@ class Evaluator:
     def _run_child(self, number: int, route: dict[str, Any], lease: Heartbeat) -> J.Result:
         """Build and measure in a fresh child; an environment error is retried (ENV_ATTEMPTS runs in all)."""
         trial_dir = self.ctx.trials_dir / f"{number:05d}"
-        try:
-            pairing = self.pairing.for_trial(number)
-        except TimeoutError as exc:
-            return J.Result(status=J.ENVIRONMENT_ERROR, phase="start-up", message=str(exc.strerror or exc))
-        job = make_job(self.ctx, route, trial_dir / "out", **pairing)
         for attempt in range(ENV_ATTEMPTS):
-            with reaping(self.reap, self.spec.run.grace_s):  # a live worker, though its child may wait long
+            pairing = self.pairing.settled(number)  # None: the baseline trial runs; it is handed over to the child
+            handover = trial_dir / "pairing.json"
+            late = {"pairing_path": str(handover), "pairing_wait_s": self.pairing.wait_s}
+            job = make_job(self.ctx, route, trial_dir / "out", **(late if pairing is None else pairing))
+            with (
+                reaping(self.reap, self.spec.run.grace_s),  # a live worker, though its child may wait long
+                self.pairing.handed_over(number, handover, self.child) if pairing is None else nullcontext() as given,
+            ):
                 result = run_isolated(job, trial_dir, self.child, self.child_env, lease)
             if result.status != J.ENVIRONMENT_ERROR:
                 result = self._with_artifact(result, trial_dir / "out")
+            if given is not None and given.timed_out:
+                break  # waited as long as a trial may for the baseline: re-queued, not run again here
             if result.status != J.ENVIRONMENT_ERROR or self.stop.is_set() or attempt == ENV_ATTEMPTS - 1:
                 break
             log.warning("trial %d: %s; running it again (%d/%d)", number, result.message, attempt + 2, ENV_ATTEMPTS)

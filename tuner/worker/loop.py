@@ -121,7 +121,6 @@ class Worker:
             self.stop.event,
             min(1.0, run.heartbeat_s),
             run.trial_timeout_s,
-            self.reaper.reap,
             self._db,
         )
         self.evaluator = Evaluator(
