@@ -25,12 +25,12 @@ def describe() -> dict[str, Any]:
     }
 
 
-def commit() -> str:
-    """The checked-out commit, marked `+dirty` when the tree has changes."""
+def commit(tree: Path = REPO) -> str:
+    """The commit checked out in `tree` (this repository by default), marked `+dirty` when the tree has changes."""
     head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
     ).stdout.strip()
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree, capture_output=True, text=True
     ).stdout.strip()
     return head + ("+dirty" if dirty else "")

@@ -17,14 +17,19 @@ close together), one `tuner run` command runs a fresh study of `--trials` trials
 - the database's share: transactions committed in the study's own (fresh) database and WAL flushes
   of the whole cluster during the run (`pg_stat_database`, `pg_stat_wal`), per trial, the command's
   start and end included (a read-only transaction is a round trip; a flush waits for the disk).
-The file names the commit and the machine (CPU model, platform) it was measured at.
+The file names the commit and the machine (CPU model, platform) it was measured at. With `--against REV`
+every run is made twice, with this tree and with commit REV (checked out in a temporary git worktree), one
+right after the other (which goes first alternates between repetitions), and the file records REV's runs
+and, per worker count, REV's end-to-end time over this tree's within each pair.
 Writes bench/results/scaling.json. Usage:
     python bench/scaling.py [--pg postgresql://postgres@127.0.0.1/postgres] [--reps 3] [--idle-build] [--block-s 0.005]
+                            [--against REV] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -33,7 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +127,10 @@ def run_once(
     idle_build: bool = False,
     fresh: bool = False,
     block_s: float | None = None,
+    tree: Path = REPO,
 ) -> dict[str, Any]:
-    """One `tuner run` of a fresh fixed-cost study with `workers` workers, measured end to end."""
+    """One `tuner run` of a fresh fixed-cost study with `workers` workers, measured end to end, with the tuner of
+    the source tree `tree`."""
     url = _database(admin)
     name = f"scaling-{workers}-r{rep}"
     spec = tmp / f"{name}.toml"
@@ -157,8 +164,8 @@ def run_once(
     subprocess.run(
         [sys.executable, "-m", "tuner", "run", str(spec), "--storage", url, "--no-confirm"],
         check=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **({FORK_ENV: "0"} if fresh else {})},
+        cwd=tree,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", **({FORK_ENV: "0"} if fresh else {})},
         capture_output=True,
     )
     wall = time.perf_counter() - t0
@@ -241,6 +248,45 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def paired_ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per worker count: the other tree's end-to-end time over this one's, within each repetition's pair."""
+    by_key = {(r["tree"], r["workers"], r["rep"]): r["wall_s"] for r in runs}
+    rows = []
+    for n in sorted({r["workers"] for r in runs}):
+        ratios = [
+            by_key[("then", n, rep)] / by_key[("now", n, rep)]
+            for rep in sorted({r["rep"] for r in runs})
+            if ("then", n, rep) in by_key and ("now", n, rep) in by_key
+        ]
+        if ratios:
+            rows.append(
+                {
+                    "workers": n,
+                    "pairs": len(ratios),
+                    "median": round(statistics.median(ratios), 3),
+                    "min": round(min(ratios), 3),
+                    "max": round(max(ratios), 3),
+                }
+            )
+    return rows
+
+
+@contextlib.contextmanager
+def worktree(rev: str | None) -> Iterator[Path | None]:
+    """A temporary git worktree of commit `rev` (None: none)."""
+    if rev is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "tree"
+        add = ["git", "worktree", "add", "--detach", str(path), rev]
+        subprocess.run(add, cwd=REPO, check=True, capture_output=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO, check=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(prog="python bench/scaling.py", description=__doc__.split("\n\n")[0])
@@ -267,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the paired timing's block length ([objective] block_s; 0 = the product's default, 50 ms on the CPU): "
         "the minimum cycles are exclusive per host, so at 50 ms they alone bound what 2 cores can overlap",
     )
+    p.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run every study with commit REV's tuner, right beside this tree's, and record the pairs' ratios",
+    )
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scaling.json")
     args = p.parse_args(argv)
     block_s = args.block_s or None  # 0: the product's default
@@ -283,27 +334,28 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     code, machine = commit(), describe()  # before the runs: the load average is then the machine's own
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, worktree(args.against) as then:
+        against = commit(then) if then is not None else None
         tmp = Path(d)
         conv_model(tmp / "tiny.onnx")
+        trees = {"now": REPO, **({"then": then} if then is not None else {})}
         for rep in range(args.reps):
-            for n in counts:
-                runs.append(
-                    run_once(
-                        n,
-                        args.trials,
-                        args.build_s,
-                        args.pg,
-                        tmp,
-                        rep,
-                        args.idle_build,
-                        args.fresh_children,
-                        block_s,
-                    )
+            for n, label in ((n, label) for n in counts for label in (list(trees)[:: 1 if rep % 2 == 0 else -1])):
+                r = run_once(
+                    n,
+                    args.trials,
+                    args.build_s,
+                    args.pg,
+                    tmp,
+                    rep,
+                    args.idle_build,
+                    args.fresh_children,
+                    block_s,
+                    trees[label],
                 )
-                r = runs[-1]
+                runs.append({"tree": label, **r})
                 print(
-                    f"rep {rep + 1} workers {n}: {r['wall_s']} s end to end, overhead incl. tell "
+                    f"rep {rep + 1} workers {n} {label}: {r['wall_s']} s end to end, overhead incl. tell "
                     f"{r['overhead_incl_tell_s_median']} s, load {r['loadavg_before'][0]}->{r['loadavg_after'][0]}, "
                     f"host busy {r['host_cpu_busy']:.0%}, {r['db_transactions_per_trial']} transactions and "
                     f"{r['wal_flushes_per_trial']} WAL flushes per trial",
@@ -323,8 +375,20 @@ def main(argv: list[str] | None = None) -> int:
         "commit": code,
         "machine": machine,
         "method": __doc__.split("\n\n")[1].strip(),
-        "rows": summarise(runs),
-        "runs": runs,
+        "rows": summarise([r for r in runs if r["tree"] == "now"]),
+        "runs": [r for r in runs if r["tree"] == "now"],
+        **(
+            {
+                "against": {
+                    "commit": against,
+                    "rows": summarise([r for r in runs if r["tree"] == "then"]),
+                    "runs": [r for r in runs if r["tree"] == "then"],
+                    "then_over_now_end_to_end": paired_ratios(runs),
+                }
+            }
+            if against
+            else {}
+        ),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_name(f".{args.out.name}.tmp")

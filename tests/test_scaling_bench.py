@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 from optuna.trial import FrozenTrial, TrialState
 
-from bench.scaling import cycle_overheads, main, summarise
+from bench.scaling import cycle_overheads, main, paired_ratios, summarise
 
 T0 = datetime(2026, 12, 1, 8, 30)
 
@@ -65,6 +65,12 @@ def test_speedups_are_taken_within_each_repetition() -> None:
         "max": 2.0,
     }  # a slow repetition cancels in its own ratio
     assert two["target_end_to_end"] == 1.6 and two["reps"] == 3
+
+
+def test_the_other_trees_time_is_compared_within_each_repetitions_pair() -> None:
+    walls = {("now", 4, 0): 20.0, ("then", 4, 0): 25.0, ("now", 4, 1): 40.0, ("then", 4, 1): 44.0, ("now", 4, 2): 20.0}
+    runs = [{"tree": tree, "workers": n, "rep": rep, "wall_s": wall} for (tree, n, rep), wall in walls.items()]
+    assert paired_ratios(runs) == [{"workers": 4, "pairs": 2, "median": 1.175, "min": 1.1, "max": 1.25}]
 
 
 def test_bad_worker_counts_are_refused_in_one_line(capsys) -> None:
