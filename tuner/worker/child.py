@@ -42,8 +42,8 @@ from tuner.measure.memory import MemoryProbe
 from tuner.measure.reference import load_reference
 from tuner.measure.user_metric import MetricError
 from tuner.spec.shapes import shape_label
+from tuner.worker import handover
 from tuner.worker.environment import EXIT_ENVIRONMENT, environment_fault
-from tuner.worker.handover import await_pairing
 from tuner.worker.lifeline import die_with_parent
 from tuner.worker.timing import GPU_CLOCKS, TimedShape, time_trial
 
@@ -245,8 +245,8 @@ def run_trial(t: Trial, startup_hold: int | None = None) -> J.Result:
             res.peak_memory_mb, res.memory_kind = memory.peak(runner.timing_info().get("clock") in GPU_CLOCKS)
             if gate_out is not None:
                 if t.job.pairing_path:  # started while the baseline trial ran: its engine is handed over now
-                    t.enter("baseline-wait")
-                    t.job = await_pairing(t.job)
+                    t.enter(handover.PHASE)
+                    t.job = handover.await_pairing(t.job)
                 time_phase(t, runner)
                 if res.status != J.SLOW:
                     with cores.shared():

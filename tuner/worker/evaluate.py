@@ -43,7 +43,7 @@ from tuner.study.setup import Context
 from tuner.worker.artifacts import Artifacts, Outside
 from tuner.worker.environment import ENV_ATTEMPTS, ENV_BACKOFF_S, environment_fault
 from tuner.worker.heartbeat import Heartbeat
-from tuner.worker.isolate import ChildHandle, run_isolated
+from tuner.worker.isolate import ChildHandle, result_file, run_isolated
 from tuner.worker.jobs import make_job, measure_settings, measurement_stats
 from tuner.worker.pairing import Pairing
 from tuner.worker.reap import reaping
@@ -134,7 +134,9 @@ class Evaluator:
             job = make_job(self.ctx, route, trial_dir / "out", **(late if pairing is None else pairing))
             with (
                 reaping(self.reap, self.spec.run.grace_s),  # a live worker, though its child may wait long
-                self.pairing.handed_over(number, handover, self.child) if pairing is None else nullcontext() as given,
+                self.pairing.handed_over(number, handover, result_file(trial_dir), self.child)
+                if pairing is None
+                else nullcontext() as given,
             ):
                 result = run_isolated(job, trial_dir, self.child, self.child_env, lease)
             if result.status != J.ENVIRONMENT_ERROR:

@@ -6,12 +6,14 @@ and gates its route meanwhile: with several workers the first ones do not sit id
 baseline trial. Its job names a file (`Job.pairing_path`); the worker waits for the baseline as it
 would before starting a child (`tuner.worker.pairing`: bounded, the worker reaping meanwhile) and
 writes the job's pairing fields there once they are settled (`hand_over`), or why there are none
-(`{"error": ...}`). The child waits for that file just before its timing (`await_pairing`), holding
-no lock, so the baseline's own timing is never held up by it. The wait is not the route's time: it
-is reported as lock waits are (`tuner.measure.exclusive.reported_wait`), so the worker's deadline
-moves, the child's own deadline (SIGALRM) stops meanwhile, and it is recorded as `baseline_wait_s`.
-It is bounded by `Job.pairing_wait_s` (and a margin): a worker that never writes (stopped) ends the
-trial as an `environment-error`, as a worker that gave up waiting does.
+(`{"error": ...}`), looking at the study every tenth of a second once the child waits (`waiting`)
+and as seldom as a waiting worker did before meanwhile. The child waits for that file just before
+its timing (`await_pairing`), holding no lock, so the baseline's own timing is never held up by it.
+The wait is not the route's time: it is reported as lock waits are
+(`tuner.measure.exclusive.reported_wait`), so the worker's deadline moves, the child's own deadline
+(SIGALRM) stops meanwhile, and it is recorded as `baseline_wait_s`. It is bounded by
+`Job.pairing_wait_s` (and a margin): a worker that never writes (stopped) ends the trial as an
+`environment-error`, as a worker that gave up waiting does.
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from tuner.files import atomic_write
 from tuner.measure.exclusive import reported_wait
 
 POLL_S = 0.05  # how often a waiting child looks for its pairing
+PHASE = "baseline-wait"  # the child's phase (`tuner.job.Result.phase`) while it waits
 MARGIN_S = 5.0  # beyond `Job.pairing_wait_s`, for the worker's own last look and its write
+
+
+def waiting(result_path: Path) -> bool:
+    """Whether the child writing `result_path` is waiting for its pairing now (its phase says so)."""
+    try:
+        return json.loads(result_path.read_text()).get("phase") == PHASE
+    except (OSError, ValueError):  # not written yet, or being rewritten
+        return False
 
 
 def hand_over(path: Path, fields: dict[str, Any]) -> None:

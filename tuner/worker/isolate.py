@@ -73,6 +73,11 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {}), PARENT_ENV: str(os.getpid())}
 
 
+def result_file(trial_dir: Path) -> Path:
+    """Where the child run in `trial_dir` writes its result, and its phase as it goes."""
+    return trial_dir / "result.json"
+
+
 def run_isolated(
     job: J.Job,
     trial_dir: Path,
@@ -87,7 +92,7 @@ def run_isolated(
     last wait before the start) and is killed once it is lost (`handle.kill_running`, the lease's `on_lost`): the
     trial was reaped and its route re-queued, and it is `interrupted` here.
     """
-    job_path, result_path, log_path = trial_dir / "job.json", trial_dir / "result.json", trial_dir / "child.log"
+    job_path, result_path, log_path = trial_dir / "job.json", result_file(trial_dir), trial_dir / "child.log"
     handle = handle or ChildHandle()
     try:
         trial_dir.mkdir(parents=True, exist_ok=True)

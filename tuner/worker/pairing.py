@@ -27,9 +27,11 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.study import racing
-from tuner.worker.handover import hand_over
+from tuner.worker.handover import hand_over, waiting
 from tuner.worker.isolate import ChildHandle
 from tuner.worker.race import Racer
+
+WAITING_POLL_S = 0.1  # how often the study is looked at while the trial's child waits for the baseline
 
 
 @dataclass
@@ -72,31 +74,37 @@ class Pairing:
             }
         return None
 
-    def _settled_within(self, number: int, ended: threading.Event) -> dict[str, Any] | None:
-        """Trial `number`'s pairing fields once the baseline is settled; None if `ended` is set first (its child is
+    def _settled_within(
+        self, number: int, ended: threading.Event, waiting: Callable[[], bool]
+    ) -> dict[str, Any] | None:
+        """Trial `number`'s pairing fields once the baseline is settled, looked for every `poll_s`, or every
+        `WAITING_POLL_S` while `waiting()` (the child waits for them); None if `ended` is set first (the child is
         gone); `TimeoutError` (ETIMEDOUT) after `wait_s`."""
-        started = time.monotonic()
-        while (pairing := self.settled(number)) is None:
-            waited = time.monotonic() - started
-            if waited >= self.wait_s:
-                raise TimeoutError(errno.ETIMEDOUT, f"waited {waited:.0f} s for the baseline trial to finish")
-            if ended.wait(self.poll_s):
+        started = looked = time.monotonic()
+        pairing = self.settled(number)
+        while pairing is None:
+            if ended.wait(WAITING_POLL_S):
                 return None
+            now = time.monotonic()
+            if now - started >= self.wait_s:
+                raise TimeoutError(errno.ETIMEDOUT, f"waited {now - started:.0f} s for the baseline trial to finish")
+            if now - looked >= self.poll_s or waiting():
+                looked, pairing = now, self.settled(number)
         return pairing
 
     @contextlib.contextmanager
-    def handed_over(self, number: int, path: Path, child: ChildHandle) -> Iterator[Handover]:
-        """While the block runs trial `number`'s child, wait for the baseline in a thread and hand the child its
-        pairing through `path` (`tuner.worker.handover`). A wait that runs out is handed over as an error (the
-        child ends as an `environment-error`; `Handover.timed_out`); anything else the wait raises is handed over
-        as an error too and raised here once the block is done; a hand-over that cannot be written (a full disk)
-        kills the child (an `environment-error`)."""
+    def handed_over(self, number: int, path: Path, result_path: Path, child: ChildHandle) -> Iterator[Handover]:
+        """While the block runs trial `number`'s child (writing `result_path`), wait for the baseline in a thread
+        and hand the child its pairing through `path` (`tuner.worker.handover`). A wait that runs out is handed over
+        as an error (the child ends as an `environment-error`; `Handover.timed_out`); anything else the wait raises
+        is handed over as an error too and raised here once the block is done; a hand-over that cannot be written
+        (a full disk) kills the child (an `environment-error`)."""
         path.unlink(missing_ok=True)
         ended, state = threading.Event(), Handover()
 
         def wait_and_hand_over() -> None:
             try:
-                fields = self._settled_within(number, ended)
+                fields = self._settled_within(number, ended, lambda: waiting(result_path))
             except TimeoutError as exc:
                 state.timed_out, fields = True, {"error": str(exc.strerror or exc)}
             except BaseException as exc:  # a stop during an outage: raised in the worker's thread
