@@ -10,13 +10,17 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.conftest import SpecWriter
 from tests.helpers import wait_for_file
 from tuner import job as J
+from tuner.spec import load_spec
 from tuner.study import attrs as A
 from tuner.study.racing import BASELINE_SOURCE
+from tuner.study.setup import Context
 from tuner.worker.environment import environment_fault
 from tuner.worker.handover import PHASE, await_pairing, hand_over, waiting
 from tuner.worker.isolate import ChildHandle
+from tuner.worker.jobs import make_job
 from tuner.worker.pairing import Pairing
 
 
@@ -59,30 +63,15 @@ def test_the_child_knows_when_it_waits_from_its_phase(tmp_path: Path) -> None:
     assert not waiting(result)
 
 
-def _job(tmp_path: Path) -> J.Job:
-    return J.Job(
-        backend="onnxruntime",
-        route={},
-        model_path="m.onnx",
-        input_shapes={},
-        options={},
-        work_dir=str(tmp_path),
-        out_dir=str(tmp_path / "out"),
-        feeds_path="f",
-        reference_path="r",
-        metric="cosine",
-        tolerance=0.01,
-        atol=0.0,
-        rtol=0.0,
-        gate_samples=1,
-        timeout_s=10.0,
-        pairing_path=str(tmp_path / "pairing.json"),
-        pairing_wait_s=600.0,
-    )
+def _job(write_spec: SpecWriter, tmp_path: Path) -> J.Job:
+    """A trial's job that is handed its pairing later (the tiny study's default route)."""
+    ctx = Context(load_spec(write_spec()), f"sqlite:///{tmp_path / 'x.db'}")
+    late = {"pairing_path": str(tmp_path / "pairing.json"), "pairing_wait_s": 600.0}
+    return make_job(ctx, ctx.space.default_route(), tmp_path / "out", **late)
 
 
-def test_the_child_takes_the_pairing_handed_over_and_how_long_it_waited(tmp_path: Path) -> None:
-    job = _job(tmp_path)
+def test_the_child_takes_the_pairing_handed_over_and_how_long_it_waited(write_spec: SpecWriter, tmp_path: Path) -> None:
+    job = _job(write_spec, tmp_path)
     baseline = {"trial": 0, "path": "/x.onnx", "sha256": "ab", "route": {}}
     hand_over(Path(job.pairing_path), {"baseline": baseline, "incumbent": 1.2, "incumbent_high": 1.3})
     paired = await_pairing(job)
@@ -92,8 +81,10 @@ def test_the_child_takes_the_pairing_handed_over_and_how_long_it_waited(tmp_path
     assert paired.baseline_wait_s >= 0.0
 
 
-def test_a_wait_given_up_by_the_worker_ends_the_child_as_an_environment_error(tmp_path: Path) -> None:
-    job = _job(tmp_path)
+def test_a_wait_given_up_by_the_worker_ends_the_child_as_an_environment_error(
+    write_spec: SpecWriter, tmp_path: Path
+) -> None:
+    job = _job(write_spec, tmp_path)
     hand_over(Path(job.pairing_path), {"error": "waited 600 s for the baseline trial to finish"})
     with pytest.raises(TimeoutError) as caught:
         await_pairing(job)
