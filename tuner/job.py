@@ -182,7 +182,7 @@ class Result:
     accuracy: float | None = None
     accuracy_per_output: dict[str, float] = field(default_factory=dict)
     timing_info: dict[str, Any] = field(default_factory=dict)
-    phase_s: dict[str, float] = field(default_factory=dict)  # seconds spent in build/load/gate/time/accuracy
+    phase_s: dict[str, float] = field(default_factory=dict)  # seconds in build/load/gate/(baseline-wait)/time/accuracy
     paired: dict[str, Any] = field(default_factory=dict)  # the paired timing's summary (tuner.worker.timing)
     log: str = ""
 
