@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         conv_model(tmp / "tiny.onnx")
         trees = {"now": REPO, **({"then": then} if then is not None else {})}
         for rep in range(args.reps):
-            for n, label in ((n, label) for n in counts for label in (list(trees)[:: 1 if rep % 2 == 0 else -1])):
+            order = list(trees) if rep % 2 == 0 else list(reversed(trees))  # which tree goes first alternates
+            for n, label in ((n, label) for n in counts for label in order):
                 r = run_once(
                     n,
                     args.trials,
