@@ -25,12 +25,13 @@ def describe() -> dict[str, Any]:
     }
 
 
-def commit(tree: Path = REPO) -> str:
-    """The commit checked out in `tree` (this repository by default), marked `+dirty` when the tree has changes."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
+def commit(rev: str = "HEAD") -> str:
+    """The commit `rev` names (short; the checked-out one by default), marked `+dirty` when it is the checked-out
+    one and the tree has changes."""
+    head = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    if rev != "HEAD":
+        return head
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
     return head + ("+dirty" if dirty else "")

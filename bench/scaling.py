@@ -18,7 +18,7 @@ close together), one `tuner run` command runs a fresh study of `--trials` trials
   of the whole cluster during the run (`pg_stat_database`, `pg_stat_wal`), per trial, the command's
   start and end included (a read-only transaction is a round trip; a flush waits for the disk).
 The file names the commit and the machine (CPU model, platform) it was measured at. With `--against REV`
-every run is made twice, with this tree and with commit REV (checked out in a temporary git worktree), one
+every run is made twice, with this tree and with commit REV (unpacked from git, `bench.measurement.unpack`), one
 right after the other (which goes first alternates between repetitions), and the file records REV's runs
 and, per worker count, REV's end-to-end time over this tree's within each pair.
 Writes bench/results/scaling.json. Usage:
@@ -29,7 +29,6 @@ Writes bench/results/scaling.json. Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -38,7 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.machine import commit, describe  # noqa: E402
+from bench.measurement import unpack  # noqa: E402
 from tests.models import conv_model  # noqa: E402
 from tuner.spec.toml import dumps  # noqa: E402
 from tuner.store.urls import normalize_url  # noqa: E402
@@ -271,22 +271,6 @@ def paired_ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-@contextlib.contextmanager
-def worktree(rev: str | None) -> Iterator[Path | None]:
-    """A temporary git worktree of commit `rev` (None: none)."""
-    if rev is None:
-        yield None
-        return
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "tree"
-        add = ["git", "worktree", "add", "--detach", str(path), rev]
-        subprocess.run(add, cwd=REPO, check=True, capture_output=True)
-        try:
-            yield path
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO, check=False)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(prog="python bench/scaling.py", description=__doc__.split("\n\n")[0])
@@ -334,9 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     code, machine = commit(), describe()  # before the runs: the load average is then the machine's own
-    with tempfile.TemporaryDirectory() as d, worktree(args.against) as then:
-        against = commit(then) if then is not None else None
+    against = commit(args.against) if args.against else None
+    with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        then = unpack(args.against, tmp / "then") if args.against else None
         conv_model(tmp / "tiny.onnx")
         trees = {"now": REPO, **({"then": then} if then is not None else {})}
         for rep in range(args.reps):

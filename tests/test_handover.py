@@ -48,7 +48,8 @@ def test_a_child_gone_first_ends_the_wait_with_nothing_handed_over(tmp_path: Pat
     pairing, number = _pairing(tmp_path, wait_s=600.0)
     path = tmp_path / "pairing.json"
     with pairing.handed_over(number, path, tmp_path / "result.json", ChildHandle()) as given:
-        pass  # the child ended (a gate failure, a build error) before the baseline did
+        # the child ends (a gate failure, a build error) while the baseline still runs
+        assert not path.exists()  # nothing was handed over meanwhile
     assert not given.timed_out and not path.exists()
 
 
