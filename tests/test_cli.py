@@ -42,6 +42,20 @@ def test_the_latency_line_leaves_out_what_was_not_measured() -> None:
     assert latency_line(unpaired) == "  trial 1: no latency measured in the study"
 
 
+def test_the_latency_line_shows_both_engines_from_one_measurement() -> None:
+    """The default's figure comes from the measurement the trial's came from, not from the study as a whole: a
+    study-wide median taken while the machine ran faster or slower would contradict the speedup beside it."""
+    paired = {"trial": 5, "measured_ms": {"trial": 4.246, "default": 4.21}, "default_ms": 4.966}
+    assert latency_line(paired) == "  trial 5: 4.246 ms in the study, default route 4.210 ms beside it"
+    row = {"trial": 5, "median_ms": 4.488, "default_median_ms": 4.382, "processes": 5}
+    confirmed = {**paired, "confirmation": {"candidates": [{"trial": 4, "median_ms": 1.0}, row]}}
+    assert latency_line(confirmed) == (
+        "  trial 5: 4.488 ms, default route 4.382 ms (medians of the confirmation's 5 paired processes)"
+    )
+    failed = {**paired, "confirmation": {"candidates": [{"trial": 5, "failure": "no uncontended measurement"}]}}
+    assert latency_line(failed) == latency_line(paired)
+
+
 def test_trials_that_finish_between_two_looks_each_show_their_own_count() -> None:
     study = optuna.create_study()
     watcher = TrialWatcher(study, budget=3)

@@ -261,6 +261,22 @@ print(sorted(m for m in ("optuna_dashboard", "optuna.importance", "sklearn") if 
     assert get_note(study).startswith("## Route Tuner: n")
 
 
+def test_without_optuna_dashboard_the_note_is_skipped_with_one_warning_per_process() -> None:
+    """A worker on a machine without optuna-dashboard goes on, saying once (not once per trial) why no note is
+    written; `None` in `sys.modules` is how Python itself marks a module that cannot be imported."""
+    code = """
+import sys, optuna
+sys.modules["optuna_dashboard"] = None
+from tuner.study.note import update_note
+study = optuna.create_study()
+print([update_note(study) for _ in range(3)])
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[False, False, False]"
+    assert out.stderr.count("optuna-dashboard is not installed here") == 1, out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("storage", ["sqlite", "postgresql"])
 def test_the_note_written_in_one_transaction_is_what_optuna_dashboard_writes(
     storage: str, request: pytest.FixtureRequest

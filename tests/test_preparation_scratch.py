@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.models import unknown_op_model
-from tuner.backends.onnxruntime.prepare import _pre_process
+from tuner.backends.onnxruntime.prepare import _describe, _pre_process
 
 
 def test_incomplete_symbolic_shape_inference_leaves_no_file_in_the_working_directory(
@@ -26,3 +26,12 @@ def test_incomplete_symbolic_shape_inference_leaves_no_file_in_the_working_direc
     assert out.exists()
     assert list(cwd.iterdir()) == []
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx"]
+
+
+def test_a_failure_without_a_message_says_where_it_was_raised() -> None:
+    try:
+        raise AssertionError()  # what a bare `assert` in ONNX Runtime's shape inference raises
+    except AssertionError as exc:
+        described = _describe(exc)
+    assert described.startswith("AssertionError: raised at test_preparation_scratch.py:")
+    assert _describe(ValueError("a  multi-line\n message")) == "ValueError: a multi-line message"

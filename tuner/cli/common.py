@@ -91,15 +91,26 @@ def fmt_ms(value: float | None) -> str:
 
 
 def latency_line(doc: dict[str, Any]) -> str:
-    """`  trial N: <its measured ms> in the study, default route <ms>` of a verdict document, leaving out what was
-    not measured."""
-    measured, default = (doc.get("measured_ms") or {}).get("trial"), doc.get("default_ms")
+    """`  trial N: <ms>, default route <ms> ...` of a verdict document: both figures from one measurement, so that
+    they agree with the speedup beside them (the confirmation's medians where it re-measured the trial, else the
+    trial's own paired timing), leaving out what was not measured."""
+    trial = doc["trial"]
+    rows = (doc.get("confirmation") or {}).get("candidates") or ()
+    row = next((r for r in rows if r.get("trial") == trial and r.get("median_ms") is not None), None)
+    if row is not None:
+        return (
+            f"  trial {trial}: {fmt_ms(row['median_ms'])}, default route {fmt_ms(row.get('default_median_ms'))} "
+            f"(medians of the confirmation's {row['processes']} paired processes)"
+        )
+    pair = doc.get("measured_ms") or {}
     parts = []
-    if measured is not None:
-        parts.append(f"{fmt_ms(measured)} in the study")
-    if default is not None:
-        parts.append(f"default route {fmt_ms(default)}")
-    return f"  trial {doc['trial']}: " + (", ".join(parts) or "no latency measured in the study")
+    if pair.get("trial") is not None:
+        parts.append(f"{fmt_ms(pair['trial'])} in the study")
+    if pair.get("trial") is not None and pair.get("default") is not None:
+        parts.append(f"default route {fmt_ms(pair['default'])} beside it")
+    elif doc.get("default_ms") is not None:
+        parts.append(f"default route {fmt_ms(doc['default_ms'])}")
+    return f"  trial {trial}: " + (", ".join(parts) or "no latency measured in the study")
 
 
 def fmt_x(value: float | None) -> str:

@@ -109,12 +109,23 @@ def _dashboard_notes() -> ModuleType:
     return module
 
 
+@functools.cache
+def _say_the_dashboard_is_missing() -> None:
+    """Warn, once per process, that no note can be written."""
+    log.warning("optuna-dashboard is not installed here: the study's dashboard note is not written")
+
+
 def update_note(study: optuna.Study) -> bool:
     """Rewrite the study note from the current trials. Never raises: a note is not worth a trial."""
     try:
+        notes = _dashboard_notes()
+    except ModuleNotFoundError:
+        _say_the_dashboard_is_missing()
+        return False
+    try:
         attrs = study.user_attrs  # read once: the summary, the headline and the note all need it
         summary, head = headline_of(study.study_name, study.get_trials(deepcopy=False), attrs)
-        oa.save_study_note(study, render_note(summary, attrs.get(A.CONFIRMATION), head), _dashboard_notes())
+        oa.save_study_note(study, render_note(summary, attrs.get(A.CONFIRMATION), head), notes)
         return True
     except Exception as exc:  # the note is a convenience; the study must go on without it
         log.warning("could not update the study note: %s: %s", type(exc).__name__, exc)

@@ -21,6 +21,7 @@ import contextlib
 import json
 import sys
 import tempfile
+import traceback
 import types
 from collections import Counter
 from dataclasses import dataclass
@@ -169,9 +170,19 @@ def _pre_process(src: Path, out: Path) -> dict[str, Any]:
                 "detail": label + (f" ({errors[0]})" if errors else ""),
             }
         except Exception as exc:  # symbolic shape inference rejects some custom/contrib ops; try without
-            errors.append(f"{label}: {type(exc).__name__}: {' '.join(str(exc).split())[:240]}")
+            errors.append(f"{label}: {_describe(exc)}")
     src.replace(out)
     return {"step": "quant_pre_process", "status": "failed", "detail": "; ".join(errors)}
+
+
+def _describe(exc: Exception) -> str:
+    """`Type: message` on one line; for an exception without a message (a bare `assert` in ONNX Runtime's tools),
+    where it was raised instead."""
+    text = " ".join(str(exc).split())[:240]
+    if not text and exc.__traceback__ is not None:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        text = f"raised at {Path(frame.filename).name}:{frame.lineno}"
+    return f"{type(exc).__name__}: {text}"
 
 
 TORCH_HELPER = "onnxruntime.tools.pytorch_export_helpers"
