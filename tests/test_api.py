@@ -7,12 +7,14 @@ import subprocess
 import sys
 import tomllib
 
+import optuna
 import pytest
 
 from tests.conftest import REPO
 from tuner import Study
 from tuner.errors import SpecError, TunerError
 from tuner.events import PhaseEvent, TrialEvent
+from tuner.store.urls import normalize_url
 
 FP32 = {"precision": ["fp32"]}
 
@@ -29,10 +31,19 @@ def test_a_study_runs_and_reads_back_through_the_api(write_spec, sqlite_url, tmp
     assert isinstance(events[0], PhaseEvent) and isinstance(events[-1], PhaseEvent)
     rows = study.trials()
     assert [r["number"] for r in rows] == [0, 1] and rows[0]["changes"] == {} and rows[0]["outcome"] == "feasible"
+    stored = optuna.load_study(study_name="tiny", storage=normalize_url(sqlite_url)).trials
+    measured = [t.user_attrs["measured_ms"] for t in stored]  # both timed uncontended here, each beside the default
+    assert [r["latency_ms"] for r in rows] == [m["trial"] for m in measured]  # measured, not the objective's value
+    assert [r["default_ms"] for r in rows] == [m["default"] for m in measured]  # the default's, timed beside it
     status = study.status()
     assert status["complete"] + status["pruned"] + status["failed"] == 2 and status["verdict"] == verdict["verdict"]
     message = study.export(tmp_path / "out", trial=verdict["trial"])
     assert "exported" in message and (tmp_path / "out" / "route.json").exists()
+    exported = measured[verdict["trial"]]
+    assert (
+        f"{exported['trial']:.4g} ms in the study, the default route {exported['default']:.4g} ms beside it"
+        in (tmp_path / "out" / "README.md").read_text()
+    )
 
 
 def test_a_study_from_a_mapping_runs_like_its_file(write_spec, sqlite_url, tmp_path) -> None:

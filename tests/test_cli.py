@@ -12,6 +12,7 @@ from tests.conftest import tuner
 from tests.helpers import trials
 from tuner import __version__
 from tuner.cli.common import latency_line
+from tuner.cli.results import pair_ms
 from tuner.events import TrialWatcher
 
 FAULT = "tests.backends:FaultBackend"
@@ -54,6 +55,13 @@ def test_the_latency_line_shows_both_engines_from_one_measurement() -> None:
     )
     failed = {**paired, "confirmation": {"candidates": [{"trial": 5, "failure": "no uncontended measurement"}]}}
     assert latency_line(failed) == latency_line(paired)
+
+
+def test_a_trials_milliseconds_are_measured_with_the_default_timed_beside_it() -> None:
+    row = {"latency_ms": 4.246, "default_ms": 4.21, "changes": {"mem_pattern": False}}
+    assert pair_ms(row) == "4.246 (4.210)"
+    assert pair_ms({**row, "changes": {}}) == "4.246"  # the default route itself
+    assert pair_ms({**row, "latency_ms": None}) == "-"  # contended, or never timed
 
 
 def test_trials_that_finish_between_two_looks_each_show_their_own_count() -> None:

@@ -83,6 +83,9 @@ def test_report_from_a_real_study(cli, write_spec: SpecWriter, pg_url: str, tmp_
         and default.artifact_bytes
         and f"<td>{default.peak_memory_mb:.1f} MiB</td>" in html
     )
+    for t in data.trials:  # the latencies shown are measured ones, never the baseline's figure scaled by a ratio
+        assert t.latency_ms == study.trials[t.number].user_attrs.get("measured_ms", {}).get("trial")
+    assert f"<td>{default.number}</td><td>{default.latency_ms:.4g} ms</td>" in html
 
 
 def test_importance_needs_enough_feasible_trials() -> None:

@@ -26,7 +26,7 @@ from tuner.export.writer import ExportWriter
 from tuner.space import SearchSpace
 from tuner.store.cache import ResultStore
 from tuner.study import attrs as A
-from tuner.study.outcome import is_feasible
+from tuner.study.outcome import is_feasible, measured_latency
 from tuner.study.racing import baseline_trial, races
 from tuner.study.verdict import SPEEDUP, Headline, study_estimate
 
@@ -211,8 +211,8 @@ def _measured(
         reason=reason,
         verdict=str(doc.get("headline", "")),
         statistic=ctx.spec.objective.statistic,
-        latency_ms=trial.value,
-        baseline_ms=base.value if base is not None else None,
+        latency_ms=measured_latency(trial),
+        baseline_ms=measured_latency(trial, "default"),
         speedup=study_estimate(trial, base, races(study)),
         accuracy={**acc, "tolerance": ctx.spec.accuracy.tolerance},
         artifact_bytes=trial.user_attrs.get(A.ARTIFACT_BYTES),

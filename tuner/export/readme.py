@@ -28,8 +28,8 @@ class Measured:
     reason: str
     verdict: str  # the study's verdict sentence
     statistic: str
-    latency_ms: float | None
-    baseline_ms: float | None
+    latency_ms: float | None  # as the trial's own uncontended timing measured it
+    baseline_ms: float | None  # the default route's, timed beside it in that timing
     speedup: Estimate | None  # the study's own estimate for this trial (paired where measured so)
     accuracy: Mapping[str, Any]  # metric, value, tolerance
     artifact_bytes: int | None
@@ -107,7 +107,7 @@ def readme(m: Measured, changes: list[str], deployment: Deployment, files: Mappi
         "",
         "## What was measured",
         "",
-        f"- latency ({m.statistic}): {latency} in the study; the default route {baseline}; speedup {speedup}",
+        f"- latency ({m.statistic}): {latency} in the study, the default route {baseline} beside it; speedup {speedup}",
         f"- accuracy: {acc.get('metric')} = {acc.get('value')} (tolerance {acc.get('tolerance')})",
         f"- engine file: {_size(m.artifact_bytes)}; peak memory while it loaded and ran: {_mib(m.peak_memory_mb)}"
         + (f" ({memory})" if memory else ""),

@@ -13,7 +13,7 @@ from tuner.store.cache import ResultStore
 from tuner.store.models import Measurement
 from tuner.study import attrs as A
 from tuner.study.documents import timed_headline
-from tuner.study.outcome import is_feasible
+from tuner.study.outcome import is_feasible, measured_latency
 from tuner.study.racing import Races, races
 from tuner.study.setup import Context
 from tuner.study.summary import Summary, failure_class
@@ -39,6 +39,7 @@ class TrialRow:
     peak_memory_mb: float | None = (
         None  # what loading and running the engine added at its highest (tuner.measure.memory)
     )
+    latency_ms: float | None = None  # as the trial's own uncontended timing measured it (`measured_latency`)
 
 
 @dataclass
@@ -90,6 +91,7 @@ def _row(t: FrozenTrial, baseline: FrozenTrial | None, raced: Races) -> TrialRow
         study_estimate(t, baseline, raced) if feasible else None,
         t.user_attrs.get(A.ARTIFACT_BYTES),
         _float(t.user_attrs.get(A.PEAK_MEMORY_MB)),
+        measured_latency(t),
     )
 
 

@@ -147,7 +147,7 @@ def _top_trials(data: ReportData, limit: int = 10) -> str:
         "file</th><th>peak memory</th><th>route</th><th>same route in</th></tr>"
     )
     body = "".join(
-        f"<tr><td>{t.number}</td><td>{_ms(t.value)}</td><td>{escape(_estimate(t.speedup))}</td>"
+        f"<tr><td>{t.number}</td><td>{_ms(t.latency_ms)}</td><td>{escape(_estimate(t.speedup))}</td>"
         f"<td>{'-' if t.accuracy is None else f'{t.accuracy:.3g}'}</td>"
         f"<td>{_mib(None if t.artifact_bytes is None else t.artifact_bytes / (1 << 20))}</td>"
         f"<td>{_mib(t.peak_memory_mb)}</td>"

@@ -33,8 +33,9 @@ def _timed(data: ReportData) -> list[TrialRow]:
 
 
 def _latency(t: TrialRow) -> float:
-    """A timed trial's latency (NaN, which matplotlib skips, for an untimed one)."""
-    return t.value if t.value is not None else math.nan
+    """A timed trial's latency as its own uncontended timing measured it (NaN, which matplotlib skips, for an untimed
+    or contended one)."""
+    return t.latency_ms if t.latency_ms is not None else math.nan
 
 
 def _latency_axis(ax: Axes, data: ReportData, values: list[float]) -> None:
@@ -64,20 +65,20 @@ def history(data: ReportData) -> Figure:
             )
     best, xs, ys = None, [], []
     for t in sorted(data.trials, key=lambda t: t.number):
-        if t.feasible and t.value is not None and (best is None or t.value < best):
-            best = t.value
+        if t.feasible and t.latency_ms is not None and (best is None or t.latency_ms < best):
+            best = t.latency_ms
         if best is not None:
             xs.append(t.number)
             ys.append(best)
     if xs:
         ax.step(xs, ys, where="post", color=WINNER, lw=1.8, label="best feasible so far")
-    if data.summary.baseline_value is not None:
+    if data.summary.default_ms is not None:
         ax.axhline(
-            data.summary.baseline_value,
+            data.summary.default_ms,
             color=DEFAULT,
             ls="--",
             lw=1.2,
-            label=f"default route ({data.summary.baseline_value:.4g} ms)",
+            label=f"default route (median as measured, {data.summary.default_ms:.4g} ms)",
         )
     untimed = [t for t in data.trials if t.value is None]
     if untimed:
@@ -206,7 +207,7 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
             below = names[t.number] != "default"  # default above the point, the other below: they often coincide
             ax.annotate(
                 f"{names[t.number]} (#{t.number})",
-                (x_of(t), t.value),
+                (x_of(t), _latency(t)),
                 textcoords="offset points",
                 xytext=(6, -12 if below else 6),
                 fontsize=8,

@@ -14,7 +14,7 @@ import optuna
 from tuner.errors import TunerError, first_line
 from tuner.events import changes, outcome
 from tuner.study import attrs as A
-from tuner.study.outcome import is_feasible
+from tuner.study.outcome import is_feasible, measured_latency
 from tuner.study.racing import baseline_trial, races
 from tuner.study.summary import Summary
 from tuner.study.verdict import Headline, study_estimate, study_headline
@@ -94,7 +94,9 @@ def best_document(ctx: Context, study: optuna.Study) -> tuple[dict[str, Any], He
 
 
 def trial_documents(study: optuna.Study) -> list[dict[str, Any]]:
-    """Every trial: number, state, outcome, route and its changes from the default, value, speedup, message."""
+    """Every trial: number, state, outcome, route and its changes from the default, value (the study's objective),
+    latency_ms and default_ms (the trial's and the default route's, as the trial's own uncontended timing measured
+    them), speedup, message."""
     trials = study.get_trials(deepcopy=False)
     default = dict(study.user_attrs.get(A.DEFAULT_ROUTE) or {})
     base, raced = baseline_trial(trials), races(study)
@@ -110,6 +112,8 @@ def trial_documents(study: optuna.Study) -> list[dict[str, Any]]:
                 "route": t.params,
                 "changes": changes(t, default),
                 "value": t.value,
+                "latency_ms": measured_latency(t),
+                "default_ms": measured_latency(t, "default"),
                 "speedup": est.speedup if est else None,
                 "speedup_ci": est.ci if est else None,
                 "accuracy": (t.user_attrs.get(A.ACCURACY) or {}).get("value"),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner import job as J
 from tuner.store.leases import Fence
@@ -221,6 +221,13 @@ def measured_ms(result: J.Result, statistic: str) -> dict[str, float]:
     elif result.paired.get("role") == "baseline":
         out["default"] = out["trial"]
     return out
+
+
+def measured_latency(trial: FrozenTrial, engine: str = "trial") -> float | None:
+    """The latency in ms of the trial's engine (`engine="trial"`) or of the default's timed beside it (`"default"`) as
+    the trial's own uncontended timing measured it (`measured_ms`), or None: what is shown as a trial's milliseconds."""
+    value = (trial.user_attrs.get(A.MEASURED_MS) or {}).get(engine)
+    return None if value is None else float(value)
 
 
 def intermediate_values(result: J.Result, baseline_value: float | None) -> dict[int, float]:

@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner import job as J
 from tuner.study import attrs as A
-from tuner.study.outcome import FAILURES, STOPPED_EARLY, UNCOUNTED, is_feasible
+from tuner.study.outcome import FAILURES, STOPPED_EARLY, UNCOUNTED, is_feasible, measured_latency
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Summary:
     @property
     def best_ms(self) -> float | None:
         """The best feasible trial's latency as its own uncontended timing measured it (not a scaled figure)."""
-        return (self.best.user_attrs.get(A.MEASURED_MS) or {}).get("trial") if self.best else None
+        return measured_latency(self.best) if self.best else None
 
     @property
     def best_value(self) -> float | None:
