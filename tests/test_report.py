@@ -13,7 +13,7 @@ from matplotlib.image import imread
 
 from tests.conftest import SpecWriter, run_study
 from tuner.report import page, plots
-from tuner.report.data import ReportData, collect, importances
+from tuner.report.data import ReportData, TrialRow, collect, importances
 from tuner.spec import load_spec
 from tuner.store.cache import ResultStore
 from tuner.store.urls import normalize_url
@@ -142,6 +142,27 @@ def test_every_figure_copes_with_an_empty_study(tmp_path: Path) -> None:
     )
     paths = plots.save_all(data, tmp_path)
     assert set(paths) == FIGURES and all(p.read_bytes().startswith(PNG) for p in paths.values())
+
+
+def test_the_history_draws_measured_latencies_and_trials_stopped_early_where_they_were_measured() -> None:
+    def row(number: int, value: float | None, latency: float | None, outcome: str) -> TrialRow:
+        state = "COMPLETE" if value is not None else "PRUNED"
+        return TrialRow(number, state, value, outcome == "feasible", outcome, None, {}, "", latency_ms=latency)
+
+    trials = [
+        row(0, 5.7, 5.7, "feasible"),
+        row(1, None, 9.4, "slow"),  # timed until it was clearly slower: no value
+        row(2, None, None, "accuracy-gate"),  # never timed
+        row(3, 5.8, 4.2, "feasible"),  # value: trial 0's 5.7 scaled by its paired ratio; measured: 4.2
+    ]
+    summary = replace(_empty("h"), default_ms=4.4)
+    data = ReportData("h", "median", "cosine", 1e-3, summary, trials, confirmation=None)
+    ax = plots.history(data).axes[0]
+    drawn = {c.get_label(): [tuple(xy) for xy in c.get_offsets()] for c in ax.collections}
+    assert drawn["feasible"] == [(0, 5.7), (3, 4.2)]
+    assert drawn["stopped early while timed: slower than the incumbent"] == [(1, 9.4)]
+    labels = [line.get_label() for line in ax.lines]
+    assert "not timed: failed or gate-rejected (1)" in labels and "default route (median as measured, 4.4 ms)" in labels
 
 
 def test_the_page_escapes_every_stored_string_and_leads_with_the_verdict() -> None:

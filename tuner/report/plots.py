@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from tuner.report.data import ReportData, TrialRow
 
-FEASIBLE, INFEASIBLE, DEFAULT, WINNER = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"
+FEASIBLE, INFEASIBLE, DEFAULT, WINNER, STOPPED = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c", "#9467bd"
 OUTCOME_COLORS = {"feasible": FEASIBLE, "infeasible": INFEASIBLE, "accuracy-gate": "#ff7f0e", "accuracy": INFEASIBLE}
 DPI = 110
 
@@ -47,11 +47,17 @@ def _latency_axis(ax: Axes, data: ReportData, values: list[float]) -> None:
     ax.set_ylabel(f"{data.statistic} latency (ms)" + (", log scale" if log else ""))
 
 
+def _stopped(data: ReportData) -> list[TrialRow]:
+    """Trials whose timing stopped early (`slow`): they have no value, but their own timing measured them."""
+    return [t for t in data.trials if t.value is None and t.latency_ms is not None]
+
+
 def history(data: ReportData) -> Figure:
-    """Latency per trial, feasible vs infeasible, with the best feasible so far and the default route."""
+    """Latency per trial, feasible vs infeasible vs stopped early as slow, with the best feasible so far and the
+    default route."""
     fig, ax = _figure()
-    timed = _timed(data)
-    if not timed:
+    timed, stopped = _timed(data), _stopped(data)
+    if not timed and not stopped:
         _message(ax, "no trial has been timed yet")
         return fig
     for feasible, color, marker, label in (
@@ -63,6 +69,16 @@ def history(data: ReportData) -> Figure:
             ax.scatter(
                 [t.number for t in pts], [_latency(t) for t in pts], c=color, marker=marker, s=28, label=label, zorder=3
             )
+    if stopped:
+        ax.scatter(
+            [t.number for t in stopped],
+            [_latency(t) for t in stopped],
+            c=STOPPED,
+            marker="v",
+            s=28,
+            label="stopped early while timed: slower than the incumbent",
+            zorder=3,
+        )
     best, xs, ys = None, [], []
     for t in sorted(data.trials, key=lambda t: t.number):
         if t.feasible and t.latency_ms is not None and (best is None or t.latency_ms < best):
@@ -80,7 +96,7 @@ def history(data: ReportData) -> Figure:
             lw=1.2,
             label=f"default route (median as measured, {data.summary.default_ms:.4g} ms)",
         )
-    untimed = [t for t in data.trials if t.value is None]
+    untimed = [t for t in data.trials if t.value is None and t.latency_ms is None]
     if untimed:
         ax.plot(
             [t.number for t in untimed],
@@ -94,7 +110,7 @@ def history(data: ReportData) -> Figure:
             clip_on=False,
         )
     ax.set(title=f"Optimisation history: {data.study}", xlabel="trial number")
-    _latency_axis(ax, data, [_latency(t) for t in timed])
+    _latency_axis(ax, data, [_latency(t) for t in timed + stopped])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return fig
