@@ -150,10 +150,10 @@ def test_the_history_draws_measured_latencies_and_trials_stopped_early_where_the
         return TrialRow(number, state, value, outcome == "feasible", outcome, None, {}, "", latency_ms=latency)
 
     trials = [
-        row(0, 5.7, 5.7, "feasible"),
-        row(1, None, 9.4, "slow"),  # timed until it was clearly slower: no value
-        row(2, None, None, "accuracy-gate"),  # never timed
-        row(3, 5.8, 4.2, "feasible"),  # value: trial 0's 5.7 scaled by its paired ratio; measured: 4.2
+        replace(row(0, 5.7, 5.7, "feasible"), accuracy=0.0),
+        replace(row(1, None, 9.4, "slow"), accuracy=0.0),  # timed until it was clearly slower: no value
+        replace(row(2, None, None, "accuracy-gate"), accuracy=0.5),  # never timed
+        replace(row(3, 5.8, 4.2, "feasible"), accuracy=0.0),  # value: trial 0's 5.7 scaled by its ratio; measured 4.2
     ]
     summary = replace(_empty("h"), default_ms=4.4)
     data = ReportData("h", "median", "cosine", 1e-3, summary, trials, confirmation=None)
@@ -163,6 +163,10 @@ def test_the_history_draws_measured_latencies_and_trials_stopped_early_where_the
     assert drawn["stopped early while timed: slower than the incumbent"] == [(1, 9.4)]
     labels = [line.get_label() for line in ax.lines]
     assert "not timed: failed or gate-rejected (1)" in labels and "default route (median as measured, 4.4 ms)" in labels
+    ax = plots.accuracy_vs_latency(data).axes[0]
+    drawn = {c.get_label(): [xy[1] for xy in c.get_offsets()] for c in ax.collections}
+    assert drawn["feasible"] == [5.7, 4.2] and drawn["stopped early while timed: slower than the incumbent"] == [9.4]
+    assert "rejected by the accuracy gate, not timed (1)" in [line.get_label() for line in ax.lines]
 
 
 def test_the_page_escapes_every_stored_string_and_leads_with_the_verdict() -> None:

@@ -175,11 +175,12 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
     """Accuracy metric against latency with the tolerance line: the feasible region is left of it."""
     fig, ax = _figure()
     pts = [t for t in _timed(data) if t.accuracy is not None]
-    gated = [t for t in data.trials if t.value is None and t.accuracy is not None]  # rejected before timing
+    stopped = [t for t in _stopped(data) if t.accuracy is not None]  # the accuracy its gate measured
+    gated = [t for t in data.trials if t.value is None and t.latency_ms is None and t.accuracy is not None]
     if not pts:
         _message(ax, "no timed trial has an accuracy value")
         return fig
-    accuracy = {t.number: float(t.accuracy or 0.0) for t in pts + gated}
+    accuracy = {t.number: float(t.accuracy or 0.0) for t in pts + stopped + gated}
     log = min(accuracy.values()) >= 0 and data.tolerance > 0
     floor = min([a for a in accuracy.values() if a > 0] + [data.tolerance]) / 10
 
@@ -188,11 +189,11 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
             (accuracy[t.number] or floor) if log else accuracy[t.number]
         )  # an exact 0 is drawn a decade below the rest
 
-    for feasible, color, marker, label in (
-        (True, FEASIBLE, "o", "feasible"),
-        (False, INFEASIBLE, "x", "over tolerance"),
+    for chosen, color, marker, label in (
+        ([t for t in pts if t.feasible], FEASIBLE, "o", "feasible"),
+        ([t for t in pts if not t.feasible], INFEASIBLE, "x", "over tolerance"),
+        (stopped, STOPPED, "v", "stopped early while timed: slower than the incumbent"),
     ):
-        chosen = [t for t in pts if t.feasible == feasible]
         if chosen:
             ax.scatter(
                 [x_of(t) for t in chosen],
@@ -229,7 +230,7 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
                 fontsize=8,
             )
     if log:
-        xs = [x_of(t) for t in pts + gated]
+        xs = [x_of(t) for t in pts + stopped + gated]
         ax.set_xlim(min(min(xs), data.tolerance) / 10, max(max(xs), data.tolerance) * 10)
         ax.set_xscale("log")
     ax.axvline(data.tolerance, color=INFEASIBLE, ls="--", lw=1.2, label=f"tolerance {data.tolerance:g}")
@@ -237,7 +238,7 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
         title="Accuracy vs latency",
         xlabel=f"{data.metric} vs the fp32 reference (lower is closer)" + (", log scale" if log else ""),
     )
-    _latency_axis(ax, data, [_latency(t) for t in pts])
+    _latency_axis(ax, data, [_latency(t) for t in pts + stopped])
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     return fig
