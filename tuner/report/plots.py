@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from tuner import job as J
 from tuner.report.data import ReportData, TrialRow
 
 FEASIBLE, INFEASIBLE, DEFAULT, WINNER, STOPPED = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c", "#9467bd"
@@ -48,8 +49,9 @@ def _latency_axis(ax: Axes, data: ReportData, values: list[float]) -> None:
 
 
 def _stopped(data: ReportData) -> list[TrialRow]:
-    """Trials whose timing stopped early (`slow`): they have no value, but their own timing measured them."""
-    return [t for t in data.trials if t.value is None and t.latency_ms is not None]
+    """Trials whose timing stopped early as slower than the incumbent (`slow`): they have no value, but their own
+    timing measured them."""
+    return [t for t in data.trials if t.outcome == J.SLOW and t.latency_ms is not None]
 
 
 def history(data: ReportData) -> Figure:
@@ -96,7 +98,8 @@ def history(data: ReportData) -> Figure:
             lw=1.2,
             label=f"default route (median as measured, {data.summary.default_ms:.4g} ms)",
         )
-    untimed = [t for t in data.trials if t.value is None and t.latency_ms is None]
+    drawn = {t.number for t in stopped}
+    untimed = [t for t in data.trials if t.value is None and t.number not in drawn]
     if untimed:
         ax.plot(
             [t.number for t in untimed],
@@ -176,7 +179,8 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
     fig, ax = _figure()
     pts = [t for t in _timed(data) if t.accuracy is not None]
     stopped = [t for t in _stopped(data) if t.accuracy is not None]  # the accuracy its gate measured
-    gated = [t for t in data.trials if t.value is None and t.latency_ms is None and t.accuracy is not None]
+    drawn = {t.number for t in stopped}
+    gated = [t for t in data.trials if t.value is None and t.number not in drawn and t.accuracy is not None]
     if not pts:
         _message(ax, "no timed trial has an accuracy value")
         return fig
