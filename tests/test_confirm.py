@@ -251,6 +251,16 @@ def test_a_win_the_cap_could_not_tell_from_its_rivals_is_decided_early() -> None
     assert doc["winner_trial"] == 1 and "and than every other candidate" in events[-1].decided
 
 
+def test_a_rival_the_cap_could_not_tell_from_the_winner_is_not_called_a_win_unless_it_is_one() -> None:
+    """The leader's win is confirmed and the rounds left could not tell a close rival from it; the rival's own
+    interval still reaches below 1.01, so only the leader is said to be faster than the default route."""
+    leader, rival = Speedup(1.066, 1.027, 1.106, 0.99, 36), Speedup(1.064, 0.987, 1.148, 0.99, 36)
+    said = C.decided({1: leader, 4: rival}, {1: 12, 4: 8}, 16)
+    assert said == "trial 1 is faster than the default route; 16 rounds could not tell it from trial 4 here"
+    both = C.decided({1: leader, 4: Speedup(1.064, 1.02, 1.11, 0.99, 36)}, {1: 12, 4: 8}, 16)
+    assert both.startswith("trials 1 and 4 are each faster than the default route")
+
+
 def test_the_interval_at_the_cap_shrinks_with_the_processes_and_the_t_quantile() -> None:
     s = Speedup(2.0, 1.6, 2.5, 0.99, 36)
     assert C.halfwidth_at_cap(s, 8, 8) == pytest.approx(math.log(2.5 / 1.6) / 2)  # at the cap already: as it is

@@ -248,7 +248,10 @@ def decided(standings: Mapping[int, Speedup], processes: Mapping[int, int], cap:
     if is_win(best) and all(is_win(standings[n]) and standings[n].estimate * (1 + TIE) >= best.estimate for n in close):
         return f"{tied} are each faster than the default route and cannot be told apart (within {TIE:.0%})"
     if is_win(best) and all(unbreakable(best, processes[leader], standings[n], processes[n], cap) for n in close):
-        return f"{tied} are each faster than the default route; {cap} rounds could not tell them apart here"
+        if all(is_win(standings[n]) for n in close):
+            return f"{tied} are each faster than the default route; {cap} rounds could not tell them apart here"
+        rivals = _trials(sorted(close))  # not wins themselves: their intervals reach below MIN_SPEEDUP
+        return f"trial {leader} is faster than the default route; {cap} rounds could not tell it from {rivals} here"
     if all(s.slower for s in standings.values()):
         return "every candidate is slower than the default route"
     if all(s.high < MIN_SPEEDUP for s in standings.values()):
@@ -257,7 +260,9 @@ def decided(standings: Mapping[int, Speedup], processes: Mapping[int, int], cap:
 
 
 def _trials(numbers: list[int]) -> str:
-    """`trials 3, 4 and 17`."""
+    """`trials 3, 4 and 17`, or `trial 3`."""
+    if len(numbers) == 1:
+        return f"trial {numbers[0]}"
     head, last = ", ".join(str(n) for n in numbers[:-1]), numbers[-1]
     return f"trials {head} and {last}"
 
