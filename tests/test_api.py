@@ -37,6 +37,8 @@ def test_a_study_runs_and_reads_back_through_the_api(write_spec, sqlite_url, tmp
     assert [r["default_ms"] for r in rows] == [m["default"] for m in measured]  # the default's, timed beside it
     status = study.status()
     assert status["complete"] + status["pruned"] + status["failed"] == 2 and status["verdict"] == verdict["verdict"]
+    best = measured[status["best_trial"]]
+    assert (status["best_ms"], status["best_default_ms"]) == (best["trial"], best["default"])  # one timing's pair
     message = study.export(tmp_path / "out", trial=verdict["trial"])
     assert "exported" in message and (tmp_path / "out" / "route.json").exists()
     exported = measured[verdict["trial"]]

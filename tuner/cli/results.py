@@ -53,8 +53,8 @@ def status(spec: SpecArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
         ("re-queued (lost/interrupted)", doc["requeued"]),
         ("cache hits", doc["cache_hits"]),
         ("failure classes", ", ".join(f"{k}: {v}" for k, v in sorted(doc["failure_classes"].items())) or "-"),
-        ("best feasible", f"{fmt_ms(doc['best_ms'])} (trial {best})" if best is not None else "-"),
-        ("default route", fmt_ms(doc["default_ms"])),
+        ("best feasible", _best_text(doc) if best is not None else "-"),
+        ("default route (median as measured)", fmt_ms(doc["default_ms"])),
         ("verdict", doc["verdict"]),
         ("speedup", _speedup_text(doc["speedup"], doc["speedup_ci"], doc["verdict_trial"])),
         ("study's own estimate", _speedup_text(doc["study_speedup"], doc["study_speedup_ci"], doc["verdict_trial"])),
@@ -62,6 +62,13 @@ def status(spec: SpecArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
     ):
         t.add_row(label, str(value))
     console.print(t)
+
+
+def _best_text(doc: dict[str, Any]) -> str:
+    """`9.621 ms (trial 1; the default route 10.402 ms beside it)`: both from the trial's own timing."""
+    beside = doc["best_default_ms"]
+    tail = f"; the default route {fmt_ms(beside)} beside it" if beside is not None and beside != doc["best_ms"] else ""
+    return f"{fmt_ms(doc['best_ms'])} (trial {doc['best_trial']}{tail})"
 
 
 def _speedup_text(speedup: float | None, ci: list[float] | None, trial: int | None) -> str:

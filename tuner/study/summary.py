@@ -45,6 +45,11 @@ class Summary:
         return measured_latency(self.best) if self.best else None
 
     @property
+    def best_default_ms(self) -> float | None:
+        """The default route's latency as the best feasible trial's own timing measured it beside that trial."""
+        return measured_latency(self.best, "default") if self.best else None
+
+    @property
     def best_value(self) -> float | None:
         return self.best.value if self.best else None
 
@@ -82,6 +87,7 @@ class Summary:
             "repeated_failures": self.repeated_failures,
             "repeated_failures_share": round(self.repeated_failures / self.budget, 4) if self.budget else None,
             "best_ms": self.best_ms,
+            "best_default_ms": self.best_default_ms,
             "default_ms": self.default_ms,
         }
 
