@@ -43,7 +43,7 @@ def test_a_study_runs_and_reads_back_through_the_api(write_spec, sqlite_url, tmp
     assert "exported" in message and (tmp_path / "out" / "route.json").exists()
     exported = measured[verdict["trial"]]
     assert (
-        f"{exported['trial']:.4g} ms in the study, the default route {exported['default']:.4g} ms beside it"
+        f"in the study: {exported['trial']:.4g} ms, the default route {exported['default']:.4g} ms beside it"
         in (tmp_path / "out" / "README.md").read_text()
     )
 

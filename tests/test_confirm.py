@@ -452,6 +452,13 @@ def test_a_study_with_nothing_to_find_reports_no_win(cli, write_spec: SpecWriter
     exported = cli("best", str(spec), "--storage", pg_url, "--export", str(out))
     assert exported.returncode == 0 and "the default route, trial 0" in exported.stderr, exported.stderr
     assert json.loads((out / "route.json").read_text()) == study.trials[0].params
+    named = spec.parent / "export-candidate"  # a route the confirmation measured: its README gives those figures
+    written = cli("best", str(spec), "--storage", pg_url, "--export", str(named), "--trial", str(cand["trial"]))
+    assert written.returncode == 0, written.stderr
+    assert (
+        f"in the confirmation: {cand['median_ms']:.4g} ms, the default route {cand['default_median_ms']:.4g} ms "
+        f"(medians of its {cand['processes']} paired processes)"
+    ) in (named / "README.md").read_text()
 
     assert doc["message"] in get_note(optuna.load_study(study_name="tiny", storage=url))
 

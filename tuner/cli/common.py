@@ -13,6 +13,7 @@ from rich.console import Console
 
 from tuner.api import Study
 from tuner.store.urls import STORAGE_ENV, has_secret
+from tuner.study.documents import confirmed_row
 from tuner.study.setup import Context
 
 UNWRAPPED = 100_000  # the line width without a terminal: a log line is never split (a URL or a path stays whole)
@@ -95,8 +96,7 @@ def latency_line(doc: dict[str, Any]) -> str:
     they agree with the speedup beside them (the confirmation's medians where it re-measured the trial, else the
     trial's own paired timing), leaving out what was not measured."""
     trial = doc["trial"]
-    rows = (doc.get("confirmation") or {}).get("candidates") or ()
-    row = next((r for r in rows if r.get("trial") == trial and r.get("median_ms") is not None), None)
+    row = confirmed_row(doc, trial)
     if row is not None:
         return (
             f"  trial {trial}: {fmt_ms(row['median_ms'])}, default route {fmt_ms(row.get('default_median_ms'))} "

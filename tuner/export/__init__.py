@@ -26,6 +26,7 @@ from tuner.export.writer import ExportWriter
 from tuner.space import SearchSpace
 from tuner.store.cache import ResultStore
 from tuner.study import attrs as A
+from tuner.study.documents import confirmed_row
 from tuner.study.outcome import is_feasible, measured_latency
 from tuner.study.racing import baseline_trial, races
 from tuner.study.verdict import SPEEDUP, Headline, study_estimate
@@ -214,6 +215,7 @@ def _measured(
         latency_ms=measured_latency(trial),
         baseline_ms=measured_latency(trial, "default"),
         speedup=study_estimate(trial, base, races(study)),
+        confirmed=confirmed_row(doc, trial.number),
         accuracy={**acc, "tolerance": ctx.spec.accuracy.tolerance},
         artifact_bytes=trial.user_attrs.get(A.ARTIFACT_BYTES),
         peak_memory_mb=trial.user_attrs.get(A.PEAK_MEMORY_MB),

@@ -31,6 +31,7 @@ class Measured:
     latency_ms: float | None  # as the trial's own uncontended timing measured it
     baseline_ms: float | None  # the default route's, timed beside it in that timing
     speedup: Estimate | None  # the study's own estimate for this trial (paired where measured so)
+    confirmed: Mapping[str, Any] | None  # the confirmation's row for this trial (`confirmed_row`), if it measured it
     accuracy: Mapping[str, Any]  # metric, value, tolerance
     artifact_bytes: int | None
     peak_memory_mb: float | None
@@ -87,6 +88,18 @@ def _size(n: int | None) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
 
+def _confirmed_line(m: Measured) -> list[str]:
+    """The confirmation's figures for the route, where it measured it: both medians and the speedup, one source."""
+    c = m.confirmed
+    if not c:
+        return []
+    return [
+        f"- latency ({m.statistic}) in the confirmation: {c['median_ms']:.4g} ms, the default route "
+        f"{c['default_median_ms']:.4g} ms (medians of its {c['processes']} paired processes); speedup "
+        f"{c['speedup']:.2f}x (CI {c['low']:.2f}x-{c['high']:.2f}x)"
+    ]
+
+
 def readme(m: Measured, changes: list[str], deployment: Deployment, files: Mapping[str, str]) -> str:
     """The README.md text."""
     speedup = m.speedup.text() if m.speedup else "-"
@@ -107,7 +120,9 @@ def readme(m: Measured, changes: list[str], deployment: Deployment, files: Mappi
         "",
         "## What was measured",
         "",
-        f"- latency ({m.statistic}): {latency} in the study, the default route {baseline} beside it; speedup {speedup}",
+        *_confirmed_line(m),
+        f"- latency ({m.statistic}) in the study: {latency}, the default route {baseline} beside it in the same "
+        f"timing; the study's speedup estimate {speedup}",
         f"- accuracy: {acc.get('metric')} = {acc.get('value')} (tolerance {acc.get('tolerance')})",
         f"- engine file: {_size(m.artifact_bytes)}; peak memory while it loaded and ran: {_mib(m.peak_memory_mb)}"
         + (f" ({memory})" if memory else ""),
