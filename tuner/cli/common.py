@@ -13,8 +13,8 @@ from rich.console import Console
 
 from tuner.api import Study
 from tuner.store.urls import STORAGE_ENV, has_secret
-from tuner.study.documents import confirmed_row
 from tuner.study.setup import Context
+from tuner.study.verdict import confirmed_row
 
 UNWRAPPED = 100_000  # the line width without a terminal: a log line is never split (a URL or a path stays whole)
 

@@ -26,10 +26,9 @@ from tuner.export.writer import ExportWriter
 from tuner.space import SearchSpace
 from tuner.store.cache import ResultStore
 from tuner.study import attrs as A
-from tuner.study.documents import confirmed_row
 from tuner.study.outcome import is_feasible, measured_latency
 from tuner.study.racing import baseline_trial, races
-from tuner.study.verdict import SPEEDUP, Headline, study_estimate
+from tuner.study.verdict import SPEEDUP, Headline, confirmed_row, study_estimate
 
 if TYPE_CHECKING:
     from tuner.study.setup import Context

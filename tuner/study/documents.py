@@ -93,13 +93,6 @@ def best_document(ctx: Context, study: optuna.Study) -> tuple[dict[str, Any], He
     return doc, head
 
 
-def confirmed_row(doc: dict[str, Any], trial: int | None) -> dict[str, Any] | None:
-    """The confirmation's row of a verdict document for `trial` where it measured the route (`median_ms`, the
-    default's `default_median_ms`, `speedup`, `low`, `high`, `processes`), else None."""
-    rows = (doc.get("confirmation") or {}).get("candidates") or ()
-    return next((r for r in rows if r.get("trial") == trial and r.get("median_ms") is not None), None)
-
-
 def trial_documents(study: optuna.Study) -> list[dict[str, Any]]:
     """Every trial: number, state, outcome, route and its changes from the default, value (the study's objective),
     latency_ms and default_ms (the trial's and the default route's, as the trial's own uncontended timing measured

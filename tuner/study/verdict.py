@@ -273,3 +273,10 @@ def _unconfirmed_sentence(
         "`tuner run` re-measures the top routes against the default when the budget is spent — act on that, not on "
         "this."
     )
+
+
+def confirmed_row(doc: dict[str, Any], trial: int | None) -> dict[str, Any] | None:
+    """The confirmation's row of a verdict document (`tuner best --json`) for `trial` where it measured the route
+    (`median_ms`, the default's `default_median_ms`, `speedup`, `low`, `high`, `processes`), else None."""
+    rows = (doc.get("confirmation") or {}).get("candidates") or ()
+    return next((r for r in rows if r.get("trial") == trial and r.get("median_ms") is not None), None)
