@@ -48,10 +48,19 @@ def _latency_axis(ax: Axes, data: ReportData, values: list[float]) -> None:
     ax.set_ylabel(f"{data.statistic} latency (ms)" + (", log scale" if log else ""))
 
 
+def _was_stopped(t: TrialRow) -> bool:
+    """Whether the trial's timing stopped early as slower than the incumbent (`slow`): it has no value, but its own
+    timing measured it."""
+    return t.outcome == J.SLOW and t.latency_ms is not None
+
+
 def _stopped(data: ReportData) -> list[TrialRow]:
-    """Trials whose timing stopped early as slower than the incumbent (`slow`): they have no value, but their own
-    timing measured them."""
-    return [t for t in data.trials if t.outcome == J.SLOW and t.latency_ms is not None]
+    return [t for t in data.trials if _was_stopped(t)]
+
+
+def _untimed(data: ReportData) -> list[TrialRow]:
+    """Trials never timed: failed, or rejected by the accuracy gate."""
+    return [t for t in data.trials if t.value is None and not _was_stopped(t)]
 
 
 def history(data: ReportData) -> Figure:
@@ -98,8 +107,7 @@ def history(data: ReportData) -> Figure:
             lw=1.2,
             label=f"default route (median as measured, {data.summary.default_ms:.4g} ms)",
         )
-    drawn = {t.number for t in stopped}
-    untimed = [t for t in data.trials if t.value is None and t.number not in drawn]
+    untimed = _untimed(data)
     if untimed:
         ax.plot(
             [t.number for t in untimed],
@@ -179,8 +187,7 @@ def accuracy_vs_latency(data: ReportData) -> Figure:
     fig, ax = _figure()
     pts = [t for t in _timed(data) if t.accuracy is not None]
     stopped = [t for t in _stopped(data) if t.accuracy is not None]  # the accuracy its gate measured
-    drawn = {t.number for t in stopped}
-    gated = [t for t in data.trials if t.value is None and t.number not in drawn and t.accuracy is not None]
+    gated = [t for t in _untimed(data) if t.accuracy is not None]  # rejected before timing
     if not pts:
         _message(ax, "no timed trial has an accuracy value")
         return fig
