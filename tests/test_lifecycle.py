@@ -73,10 +73,10 @@ def _counted(ts: list) -> list:  # noqa: ANN001
 
 
 def _run_with_blocked_baseline(
-    write_spec: SpecWriter, pg_url: str, tmp_path: Path, budget: int
+    write_spec: SpecWriter, pg_url: str, tmp_path: Path, budget: int, grace_s: float = 4.0
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """`tuner run` with 2 workers and a lease clock of seconds, whose baseline build blocks until `release` appears in
-    the markers folder: (its process, that folder)."""
+    """`tuner run` with 2 workers and a lease clock of seconds (`grace_s`), whose baseline build blocks until `release`
+    appears in the markers folder: (its process, that folder)."""
     markers = tmp_path / "markers"
     spec = write_spec(
         **{
@@ -85,7 +85,7 @@ def _run_with_blocked_baseline(
             "run.budget": budget,
             "run.workers": 2,
             "run.heartbeat_s": 0.5,
-            "run.grace_s": 4.0,
+            "run.grace_s": grace_s,
             "run.sampler": "random",  # cheap to ask: the study's time goes to the lifecycle under test
         }
     )
@@ -149,7 +149,8 @@ def test_a_trial_started_while_the_baseline_runs_builds_meanwhile_and_is_timed_a
     # The baseline's build blocks until released. The other worker's trial (the recommended int8 route) does not wait
     # for it to start: its child builds, loads and gates meanwhile, then waits for the baseline's engine holding no
     # lock (the baseline's timing, exclusive, would otherwise wait for it) and is timed against it.
-    proc, markers = _run_with_blocked_baseline(write_spec, pg_url, tmp_path, budget=2)
+    # Nothing is reaped here: a lease clock of minutes keeps a worker slowed by a loaded host from being taken for lost.
+    proc, markers = _run_with_blocked_baseline(write_spec, pg_url, tmp_path, budget=2, grace_s=120.0)
     run = (pg_url, tmp_path / "run.log")
     try:
         wait_for_file(markers / "blocked-default", proc)
